@@ -1,0 +1,95 @@
+# robot_sdf developer entry points (GNU make).
+#
+#   make venv         build .venv: pinned deps, robot_sdf_interfaces (CMake), robot_sdf (editable)
+#   make test         run the pytest suite
+#   make demo         run the demo (robot_sdf.examples.demo)
+#   make bench        install the benchmark extras and run the benchmarks (python -m bench)
+#   make interfaces   rebuild and reinstall robot_sdf_interfaces into the venv
+#   make clean        remove build outputs and generated files (keeps .venv)
+#   make distclean    clean + remove .venv
+#
+# Every step is guarded by a stamp file inside the venv, so re-running is a no-op when
+# nothing changed; a failed step leaves its stamp untouched and is retried next time.
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# Interpreter that creates the venv; the ROS 2 wheels are cp311-only.
+PYTHON ?= python3
+PIP_VERSION := 24.3.1
+
+# DDS discovery stays on loopback for everything started from here (tests, demo, bench).
+export ROS_AUTOMATIC_DISCOVERY_RANGE := LOCALHOST
+
+IFACE_DIR := robot_sdf_interfaces
+IFACE_SRCS := $(wildcard $(IFACE_DIR)/msg/*.msg $(IFACE_DIR)/srv/*.srv) \
+              $(IFACE_DIR)/CMakeLists.txt $(IFACE_DIR)/package.xml $(IFACE_DIR)/pyproject.toml
+
+DEPS_STAMP := $(VENV)/.robot_sdf-deps-stamp
+IFACE_STAMP := $(VENV)/.robot_sdf-interfaces-stamp
+STAMP := $(VENV)/.robot_sdf-stamp
+BENCH_STAMP := $(VENV)/.robot_sdf-bench-stamp
+
+.PHONY: venv test demo bench interfaces clean distclean
+
+venv: $(STAMP)
+
+$(PY):
+	@echo "[setup] creating virtual environment $(VENV) with $(PYTHON) ..."
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { \
+	  echo "error: $(PYTHON) is not Python 3.11 (the ROS 2 wheels are cp311); run 'make PYTHON=python3.11 ...'" >&2; \
+	  exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip==$(PIP_VERSION)
+
+$(DEPS_STAMP): requirements.txt | $(PY)
+	@echo "[setup] 1/3 installing pinned Python dependencies (torch, warp, ROS 2 wheels) ..."
+	$(PIP) install -r requirements.txt
+	@touch $@
+
+# The package version never changes when a .msg/.srv does, hence --force-reinstall; --no-deps
+# keeps that from reinstalling every dependency. Build isolation would hide ament_package and
+# the CMake configs of the ros-* wheels from CMake. The build directory is wiped first so that
+# no CMake cache from another venv or another checkout path is reused.
+$(IFACE_STAMP): $(DEPS_STAMP) $(IFACE_SRCS)
+	@echo "[setup] 2/3 building robot_sdf_interfaces (CMake + rosidl code generation, about 15-60 s) ..."
+	rm -rf $(IFACE_DIR)/build
+	$(PIP) install --no-build-isolation --no-deps --force-reinstall ./$(IFACE_DIR)
+	@touch $@
+
+# Editable install: `import robot_sdf` from this checkout and console scripts in $(VENV)/bin.
+# setup.cfg sends scripts to lib/robot_sdf for colcon (`setup.py develop/install`); pip builds
+# an editable wheel instead and puts the scripts into $(VENV)/bin, so no override is needed.
+$(STAMP): $(IFACE_STAMP) setup.py setup.cfg
+	@echo "[setup] 3/3 installing robot_sdf (editable) ..."
+	$(PIP) install --no-deps --no-build-isolation -e .
+	@$(PY) -c "from robot_sdf_interfaces.msg import MeshObstacle, ObstaclePose; \
+	  from robot_sdf_interfaces.srv import EvaluateSphereCost, EvaluateSweptSphereCost, QuerySignedDistance"
+	@touch $@
+	@echo "[setup] done: $(VENV) is ready"
+
+test: venv
+	$(PY) -m pytest -q test
+
+demo: venv
+	$(PY) -m robot_sdf.examples.demo
+
+$(BENCH_STAMP): $(STAMP) requirements-bench.txt
+	@echo "[setup] installing benchmark extras (open3d-cpu) ..."
+	$(PIP) install -r requirements-bench.txt
+	@touch $@
+
+bench: $(BENCH_STAMP)
+	$(PY) -m bench
+
+interfaces:
+	rm -f $(IFACE_STAMP)
+	$(MAKE) venv
+
+clean:
+	rm -rf $(IFACE_DIR)/build build install log dist .pytest_cache demo_out bench_out
+	rm -rf *.egg-info
+	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

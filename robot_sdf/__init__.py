@@ -1,0 +1,10 @@
+"""robot_sdf: collision costs of robot spheres against triangle-mesh worlds, on Warp.
+
+The core (this package without ``robot_sdf.ros``, ``robot_sdf.client`` and the examples) imports
+no ROS module, so an MPC can use it in-process.
+"""
+from robot_sdf.types import IDENTITY_POSE, SignMethod, WorldSnapshot
+from robot_sdf.world import MeshWorld, resolve_device
+
+__all__ = ["IDENTITY_POSE", "MeshWorld", "SignMethod", "WorldSnapshot", "resolve_device"]
+__version__ = "0.1.0"

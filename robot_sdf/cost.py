@@ -1,0 +1,146 @@
+"""Differentiable collision costs and signed distances over a MeshWorld, for in-process use.
+
+All inputs are torch tensors on any device (moved to the world's device); outputs live on the
+world's device. Lengths are metres.
+"""
+from __future__ import annotations
+
+import torch
+
+from robot_sdf.warp_primitives import (
+    SdfMeshWarpPy,
+    SweptSdfMeshWarpPy,
+    launch_sphere_cost,
+    launch_swept_sphere_cost,
+)
+
+
+def _prepare_spheres(world, spheres: torch.Tensor) -> torch.Tensor:
+    if spheres.dim() != 4 or spheres.shape[-1] != 4:
+        raise ValueError(f"spheres must be (b, h, n, 4), got {tuple(spheres.shape)}")
+    return spheres.to(device=world.device, dtype=torch.float32)
+
+
+def _prepare_env_index(world, env_index, batch: int):
+    if env_index is None:
+        return None
+    env = torch.as_tensor(env_index).reshape(-1)
+    if env.shape[0] != batch:
+        raise ValueError(f"env_index must have one entry per batch row ({batch}), got {env.shape[0]}")
+    if env.numel() and (int(env.min()) < 0 or int(env.max()) >= world.num_envs):
+        raise ValueError(f"env_index values must be in [0, {world.num_envs}), got [{int(env.min())}, {int(env.max())}]")
+    return env.to(device=world.device, dtype=torch.int32)
+
+
+def _scalars(world, activation_distance, weight, max_distance):
+    max_d = world.max_distance if max_distance is None else float(max_distance)
+    for name, value, lower in (("activation_distance", activation_distance, 0.0), ("weight", weight, None),
+                               ("max_distance", max_d, 0.0)):
+        v = float(value)
+        if v != v or (lower is not None and v < lower):
+            raise ValueError(f"{name} must be a number >= {lower}, got {value}")
+    dev = world.device
+    return (torch.tensor([float(weight)], device=dev), torch.tensor([float(activation_distance)], device=dev),
+            torch.tensor([max_d], device=dev))
+
+
+def _buffers(spheres: torch.Tensor):
+    b, h, n, _ = spheres.shape
+    dev = spheres.device
+    return (torch.empty((b, h, n), dtype=torch.float32, device=dev),
+            torch.empty((b, h, n, 4), dtype=torch.float32, device=dev),
+            torch.empty((b, h, n), dtype=torch.uint8, device=dev))
+
+
+def sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, env_index=None, max_distance=None):
+    """Cost (b,h,n) of spheres (b,h,n,4) [x,y,z,r]; differentiable w.r.t. the sphere centres."""
+    s = _prepare_spheres(world, spheres)
+    env = _prepare_env_index(world, env_index, s.shape[0])
+    w, eta, max_d = _scalars(world, activation_distance, weight, max_distance)
+    cost, grad, sparsity = _buffers(s)
+    with world.reading() as snap:
+        return SdfMeshWarpPy.apply(s, cost, grad, sparsity, w, eta, snap.mesh_idx, snap.mesh_pose_inverse,
+                                   snap.mesh_enable, snap.n_env_mesh, max_d, env, False, False, snap.sign_method)
+
+
+def swept_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, sweep_steps=4, speed_dt=0.1,
+                      enable_speed_metric=False, env_index=None, max_distance=None):
+    """Swept cost (b,h,n) of trajectories of spheres (b,h,n,4); differentiable w.r.t. the centres."""
+    s = _prepare_spheres(world, spheres)
+    env = _prepare_env_index(world, env_index, s.shape[0])
+    w, eta, max_d = _scalars(world, activation_distance, weight, max_distance)
+    dt = _speed_dt(world, speed_dt, enable_speed_metric)
+    cost, grad, sparsity = _buffers(s)
+    with world.reading() as snap:
+        return SweptSdfMeshWarpPy.apply(s, cost, grad, sparsity, w, eta, dt, snap.mesh_idx,
+                                        snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
+                                        int(sweep_steps), bool(enable_speed_metric), env, False, snap.sign_method)
+
+
+def signed_distance(world, points, env=0, max_distance=None):
+    """Signed distance (n,) of points (n,3) to the union of env's meshes, and its gradient (n,3).
+
+    Negative inside, positive outside, +max_distance where no surface is within max_distance.
+    The distance is differentiable w.r.t. the points; the gradient is returned detached.
+    """
+    pts = torch.as_tensor(points)
+    if pts.dim() != 2 or pts.shape[-1] != 3:
+        raise ValueError(f"points must be (n, 3), got {tuple(pts.shape)}")
+    world._check_env(env)
+    pts = pts.to(device=world.device, dtype=torch.float32)
+    spheres = torch.cat([pts, torch.zeros_like(pts[:, :1])], dim=1).reshape(1, 1, -1, 4)
+    # weight -1 turns the ESDF value max_i(-sd_i) into min_i sd_i, the signed distance to the union.
+    w, eta, max_d = _scalars(world, 0.0, -1.0, max_distance)
+    cost, grad, sparsity = _buffers(spheres)
+    env_index = torch.tensor([env], dtype=torch.int32, device=world.device)
+    with world.reading() as snap:
+        args = (spheres, cost, grad, sparsity, w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable,
+                snap.n_env_mesh, max_d, env_index)
+        if spheres.requires_grad:
+            dist = SdfMeshWarpPy.apply(*args, False, True, snap.sign_method)
+        else:
+            launch_sphere_cost(*args, compute_esdf=True, compute_grad=True, sign_method=snap.sign_method)
+            dist = cost
+    return dist.reshape(-1), grad.detach().reshape(-1, 4)[:, :3]
+
+
+def _speed_dt(world, speed_dt, enable_speed_metric):
+    dt = float(speed_dt)
+    if enable_speed_metric and not (dt > 0.0):
+        raise ValueError(f"speed_dt must be > 0 with the speed metric, got {speed_dt}")
+    return torch.tensor([dt if dt > 0 else 1.0], device=world.device)
+
+
+def evaluate_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, env_index=None, max_distance=None,
+                         compute_gradient=True, return_revision=False):
+    """Cost (b,h,n) and gradient (b,h,n,3) (None unless compute_gradient), without an autograd graph.
+
+    With return_revision, a third element is the world revision the result was computed against."""
+    s = _prepare_spheres(world, spheres).detach()
+    env = _prepare_env_index(world, env_index, s.shape[0])
+    w, eta, max_d = _scalars(world, activation_distance, weight, max_distance)
+    cost, grad, sparsity = _buffers(s)
+    with world.reading() as snap:
+        launch_sphere_cost(s, cost, grad, sparsity, w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable,
+                           snap.n_env_mesh, max_d, env, compute_grad=compute_gradient, sign_method=snap.sign_method)
+        revision = snap.revision
+    result = (cost, grad[..., :3] if compute_gradient else None)
+    return result + (revision,) if return_revision else result
+
+
+def evaluate_swept_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, sweep_steps=4, speed_dt=0.1,
+                               enable_speed_metric=False, env_index=None, max_distance=None, compute_gradient=True,
+                               return_revision=False):
+    """Swept cost (b,h,n) and gradient (b,h,n,3) or None; the revision used with return_revision."""
+    s = _prepare_spheres(world, spheres).detach()
+    env = _prepare_env_index(world, env_index, s.shape[0])
+    w, eta, max_d = _scalars(world, activation_distance, weight, max_distance)
+    dt = _speed_dt(world, speed_dt, enable_speed_metric)
+    cost, grad, sparsity = _buffers(s)
+    with world.reading() as snap:
+        launch_swept_sphere_cost(s, cost, grad, sparsity, w, eta, dt, snap.mesh_idx, snap.mesh_pose_inverse,
+                                 snap.mesh_enable, snap.n_env_mesh, max_d, int(sweep_steps), bool(enable_speed_metric),
+                                 env, compute_grad=compute_gradient, sign_method=snap.sign_method)
+        revision = snap.revision
+    result = (cost, grad[..., :3] if compute_gradient else None)
+    return result + (revision,) if return_revision else result

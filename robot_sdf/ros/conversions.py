@@ -1,0 +1,274 @@
+"""Conversions between numpy arrays and robot_sdf / ROS messages.
+
+Array fields of rclpy messages are ``array.array``; everything here converts whole buffers
+(``np.frombuffer`` one way, ``array.array(tc, ndarray.tobytes())`` the other), never element by
+element, except where the message type itself is a list of objects (shape_msgs/Mesh,
+visualization_msgs/Marker points), which only the slow paths use.
+
+Poses are 7-vectors x, y, z, qw, qx, qy, qz (metres, scalar-first quaternion), as in the core.
+"""
+from __future__ import annotations
+
+import array
+from typing import Sequence
+
+import numpy as np
+from geometry_msgs.msg import Point, Pose
+from sensor_msgs.msg import PointCloud2, PointField
+from std_msgs.msg import ColorRGBA, Header
+from visualization_msgs.msg import Marker
+
+from robot_sdf_interfaces.msg import MeshObstacle, ObstaclePose
+
+try:  # present on a ROS install, not in the pip wheels
+    from sensor_msgs_py import point_cloud2 as _pc2
+except ImportError:  # pragma: no cover - depends on the environment
+    _pc2 = None
+
+OPERATION_NAMES = {
+    MeshObstacle.ADD: "ADD",
+    MeshObstacle.REMOVE: "REMOVE",
+    MeshObstacle.MOVE: "MOVE",
+    MeshObstacle.ENABLE: "ENABLE",
+    MeshObstacle.DISABLE: "DISABLE",
+}
+
+
+# ------------------------------------------------------------------ flat arrays
+
+
+def float32_array(x) -> array.array:
+    """Any array-like -> array.array('f') for a float32[] field (one buffer copy)."""
+    return array.array("f", np.ascontiguousarray(x, dtype=np.float32).tobytes())
+
+
+def uint32_array(x) -> array.array:
+    """Any array-like of non-negative integers -> array.array('I') for a uint32[] field."""
+    a = np.asarray(x)
+    if a.size and (a.min() < 0 or a.max() > np.iinfo(np.uint32).max):
+        raise ValueError("values do not fit uint32")
+    return array.array("I", np.ascontiguousarray(a, dtype=np.uint32).tobytes())
+
+
+def as_float32(field) -> np.ndarray:
+    """float32[] field (array.array('f') or sequence) -> 1-D float32 view or array."""
+    if isinstance(field, array.array) and field.typecode == "f":
+        return np.frombuffer(field, dtype=np.float32)
+    return np.asarray(field, dtype=np.float32).reshape(-1)
+
+
+def as_uint32(field) -> np.ndarray:
+    """uint32[] field -> 1-D uint32 view or array."""
+    if isinstance(field, array.array) and field.itemsize == 4 and field.typecode in "IL":
+        return np.frombuffer(field, dtype=np.uint32)
+    return np.asarray(field, dtype=np.uint32).reshape(-1)
+
+
+# ------------------------------------------------------------------ poses
+
+
+def pose_to_array(pose: Pose) -> np.ndarray:
+    """geometry_msgs/Pose -> (7,) float64 x,y,z,qw,qx,qy,qz, unvalidated (the world validates)."""
+    p, q = pose.position, pose.orientation
+    return np.array([p.x, p.y, p.z, q.w, q.x, q.y, q.z], dtype=np.float64)
+
+
+def array_to_pose(pose) -> Pose:
+    """(7,) x,y,z,qw,qx,qy,qz (or a Pose, returned as is, or None = identity) -> geometry_msgs/Pose."""
+    if isinstance(pose, Pose):
+        return pose
+    msg = Pose()
+    if pose is None:
+        return msg
+    p = np.asarray(pose, dtype=np.float64).reshape(-1)
+    if p.shape != (7,):
+        raise ValueError(f"pose must have 7 values x,y,z,qw,qx,qy,qz, got {p.size}")
+    msg.position.x, msg.position.y, msg.position.z = (float(v) for v in p[:3])
+    msg.orientation.w, msg.orientation.x, msg.orientation.y, msg.orientation.z = (
+        float(v) for v in p[3:])
+    return msg
+
+
+# ------------------------------------------------------------------ meshes
+
+
+def mesh_arrays(msg: MeshObstacle) -> tuple[np.ndarray, np.ndarray]:
+    """Geometry of an ADD message -> vertices (V,3) float32, triangles (T,3) int64.
+
+    Uses the flat ``vertices``/``triangles`` fields, or ``mesh`` (shape_msgs/Mesh) when
+    ``vertices`` is empty. Checks only the message structure (lengths, emptiness); the world
+    checks the content (finite values, index range). Raises ValueError.
+    """
+    if len(msg.vertices) > 0:
+        v = as_float32(msg.vertices)
+        t = as_uint32(msg.triangles)
+        if v.size % 3:
+            raise ValueError(f"vertices has {v.size} floats, not a multiple of 3")
+        if t.size % 3:
+            raise ValueError(f"triangles has {t.size} indices, not a multiple of 3")
+        if t.size == 0:
+            raise ValueError("vertices given but triangles is empty")
+        return v.reshape(-1, 3), t.reshape(-1, 3).astype(np.int64)
+    if len(msg.triangles) > 0:
+        raise ValueError("triangles given but vertices is empty")
+    mesh = msg.mesh
+    if len(mesh.vertices) == 0 or len(mesh.triangles) == 0:
+        raise ValueError("empty mesh: neither vertices/triangles nor mesh holds geometry")
+    # shape_msgs/Mesh is a list of objects: the slow path the flat fields exist to avoid.
+    v = np.array([(p.x, p.y, p.z) for p in mesh.vertices], dtype=np.float32)
+    t = np.stack([np.asarray(tri.vertex_indices) for tri in mesh.triangles]).astype(np.int64)
+    return v, t
+
+
+def make_mesh_obstacle(id: str, vertices, triangles, pose=None, env: int = 0,
+                       operation: int = MeshObstacle.ADD, frame_id: str = "world",
+                       stamp=None) -> MeshObstacle:
+    """Build a MeshObstacle message for ``~/mesh_obstacles``.
+
+    id: obstacle name; vertices (V,3) metres in the mesh frame (or None for operations without
+    geometry); triangles (T,3) vertex indices, counter-clockwise seen from outside; pose (7,)
+    x,y,z,qw,qx,qy,qz of the mesh frame in ``frame_id`` or a geometry_msgs/Pose (None =
+    identity); env: environment index; operation: MeshObstacle.ADD/REMOVE/MOVE/ENABLE/DISABLE;
+    stamp: builtin_interfaces/Time (e.g. ``node.get_clock().now().to_msg()``) or None.
+    """
+    msg = MeshObstacle()
+    msg.header = Header(frame_id=frame_id)
+    if stamp is not None:
+        msg.header.stamp = stamp
+    msg.id = id
+    msg.env = int(env)
+    msg.operation = int(operation)
+    msg.pose = array_to_pose(pose)
+    if vertices is not None:
+        msg.vertices = float32_array(np.asarray(vertices).reshape(-1))
+    if triangles is not None:
+        msg.triangles = uint32_array(np.asarray(triangles).reshape(-1))
+    return msg
+
+
+def make_obstacle_pose(id: str, pose, env: int = 0, frame_id: str = "world",
+                       stamp=None) -> ObstaclePose:
+    """Build an ObstaclePose message for ``~/obstacle_poses``.
+
+    pose: (7,) x,y,z,qw,qx,qy,qz of the mesh frame in ``frame_id`` or a geometry_msgs/Pose.
+    """
+    msg = ObstaclePose()
+    msg.header = Header(frame_id=frame_id)
+    if stamp is not None:
+        msg.header.stamp = stamp
+    msg.id = id
+    msg.env = int(env)
+    msg.pose = array_to_pose(pose)
+    return msg
+
+
+# ------------------------------------------------------------------ point clouds
+
+_CLOUD_FIELDS = ("x", "y", "z", "distance")
+
+
+def make_distance_cloud(points: np.ndarray, distance: np.ndarray, header: Header) -> PointCloud2:
+    """Points (N,3) and values (N,) -> PointCloud2 with float32 fields x, y, z, distance.
+
+    The cloud is unorganised (height 1); uses sensor_msgs_py when installed, else packs the
+    structured numpy array directly.
+    """
+    fields = [PointField(name=n, offset=4 * i, datatype=PointField.FLOAT32, count=1)
+              for i, n in enumerate(_CLOUD_FIELDS)]
+    data = np.empty(points.shape[0], dtype=[(n, np.float32) for n in _CLOUD_FIELDS])
+    data["x"], data["y"], data["z"] = points[:, 0], points[:, 1], points[:, 2]
+    data["distance"] = distance
+    if _pc2 is not None:
+        return _pc2.create_cloud(header, fields, data)
+    msg = PointCloud2(header=header, height=1, width=int(points.shape[0]), fields=fields,
+                      is_bigendian=False, point_step=16, row_step=16 * int(points.shape[0]),
+                      is_dense=True)
+    msg.data = array.array("B", data.tobytes())
+    return msg
+
+
+def cloud_to_array(msg: PointCloud2) -> np.ndarray:
+    """PointCloud2 with float32 fields -> structured array (N,) with those fields (a copy)."""
+    names = [f.name for f in msg.fields]
+    if any(f.datatype != PointField.FLOAT32 or f.count != 1 for f in msg.fields):
+        raise ValueError("only clouds of single float32 fields are supported")
+    dtype = np.dtype({"names": names, "formats": [np.float32] * len(names),
+                      "offsets": [f.offset for f in msg.fields], "itemsize": msg.point_step})
+    raw = np.frombuffer(bytes(msg.data), dtype=np.uint8)
+    n = msg.width * msg.height
+    rows = raw.reshape(msg.height, msg.row_step)[:, : msg.width * msg.point_step]
+    return np.frombuffer(rows.tobytes(), dtype=dtype, count=n).copy()
+
+
+# ------------------------------------------------------------------ markers
+
+
+def cost_colors(cost: np.ndarray) -> np.ndarray:
+    """Cost (N,) -> RGBA (N,4): green at 0 to red at the highest cost of the set."""
+    c = np.asarray(cost, dtype=np.float64)
+    top = float(c.max()) if c.size else 0.0
+    t = np.clip(c / top, 0.0, 1.0) if top > 0 else np.zeros_like(c)
+    rgba = np.empty((c.size, 4))
+    rgba[:, 0], rgba[:, 1], rgba[:, 2], rgba[:, 3] = t, 1.0 - t, 0.0, 0.8
+    return rgba
+
+
+def triangle_points(vertices: np.ndarray, triangles: np.ndarray) -> list[Point]:
+    """Corners of every triangle (3T Points) for a TRIANGLE_LIST marker, in the mesh frame."""
+    corners = np.asarray(vertices, dtype=np.float64)[np.asarray(triangles).reshape(-1)]
+    return [Point(x=x, y=y, z=z) for x, y, z in corners.tolist()]
+
+
+def mesh_marker(ns: str, marker_id: int, frame_id: str, points: list[Point], pose,
+                enabled: bool) -> Marker:
+    """TRIANGLE_LIST marker of one mesh: ``points`` from triangle_points(), ``pose`` (7,) places them.
+
+    Enabled meshes are drawn opaque orange, disabled ones translucent grey.
+    """
+    m = Marker(ns=ns, id=int(marker_id), type=Marker.TRIANGLE_LIST, action=Marker.ADD)
+    m.header.frame_id = frame_id
+    m.pose = array_to_pose(pose)
+    m.scale.x = m.scale.y = m.scale.z = 1.0
+    m.color = (ColorRGBA(r=0.9, g=0.55, b=0.15, a=0.9) if enabled
+               else ColorRGBA(r=0.5, g=0.5, b=0.5, a=0.3))
+    m.points = points
+    return m
+
+
+def delete_marker(ns: str, marker_id: int, frame_id: str) -> Marker:
+    """DELETE marker for (ns, id)."""
+    m = Marker(ns=ns, id=int(marker_id), action=Marker.DELETE)
+    m.header.frame_id = frame_id
+    return m
+
+
+def sphere_markers(ns: str, frame_id: str, spheres: np.ndarray, cost: np.ndarray,
+                   radius_quantum: float = 0.005) -> list[Marker]:
+    """SPHERE_LIST markers of spheres (N,4) x,y,z,r coloured by cost (N,).
+
+    A SPHERE_LIST has one size, so spheres are grouped by radius rounded to ``radius_quantum``
+    metres, one marker per group (ids 0..k-1). Spheres with radius < 0 (off) are left out.
+    """
+    s = np.asarray(spheres, dtype=np.float64).reshape(-1, 4)
+    c = np.asarray(cost, dtype=np.float64).reshape(-1)
+    on = s[:, 3] >= 0
+    s, c = s[on], c[on]
+    rgba = cost_colors(c)
+    groups = np.round(s[:, 3] / radius_quantum).astype(np.int64)
+    out = []
+    for k, g in enumerate(np.unique(groups)):
+        sel = groups == g
+        m = Marker(ns=ns, id=k, type=Marker.SPHERE_LIST, action=Marker.ADD)
+        m.header.frame_id = frame_id
+        m.pose.orientation.w = 1.0
+        m.scale.x = m.scale.y = m.scale.z = max(2.0 * g * radius_quantum, 1e-3)
+        m.points = [Point(x=x, y=y, z=z) for x, y, z in s[sel, :3].tolist()]
+        m.colors = [ColorRGBA(r=r, g=gg, b=b, a=a) for r, gg, b, a in rgba[sel].tolist()]
+        out.append(m)
+    return out
+
+
+def stamp_all(markers: Sequence[Marker], stamp) -> None:
+    """Set header.stamp of every marker."""
+    for m in markers:
+        m.header.stamp = stamp

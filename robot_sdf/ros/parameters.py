@@ -1,0 +1,254 @@
+"""Parameters of the ``sdf_server`` node: one table, declared and validated in one place.
+
+The table is plain Python (no rclpy import at module level) so tools and tests can compare it
+with ``config/sdf_server.yaml`` without starting ROS. ``declare_and_validate(node)`` declares
+every entry with a ParameterDescriptor (description, constraints, ranges where rclpy can express
+them, read-only: the world is built from them at start) and returns a validated ServerConfig,
+or raises ConfigError naming the parameter, the value and what is allowed.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, fields
+from typing import Any, Callable
+
+SIGN_METHODS = ("default", "normal", "winding_number", "parity")
+SLICE_PLANES = ("xy", "xz", "yz")
+_DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+_INT_MAX = 2**31 - 1
+
+
+class ConfigError(ValueError):
+    """A parameter value the node cannot start with."""
+
+
+Check = Callable[[Any], "str | None"]
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One node parameter.
+
+    name: parameter name; default: value and type (bool, int, float, str or list[float]);
+    description: meaning and unit; constraint: human-readable rule; check: returns an error
+    text or None; int_range/float_range: (lo, hi) published in the descriptor for tools.
+    """
+
+    name: str
+    default: Any
+    description: str
+    constraint: str = ""
+    check: Check | None = None
+    int_range: tuple[int, int] | None = None
+    float_range: tuple[float, float] | None = None
+
+
+def _positive(v: float) -> str | None:
+    return None if math.isfinite(v) and v > 0 else "must be a finite number > 0"
+
+
+def _non_negative(v: float) -> str | None:
+    return None if math.isfinite(v) and v >= 0 else "must be a finite number >= 0"
+
+
+def _finite(v: float) -> str | None:
+    return None if math.isfinite(v) else "must be finite"
+
+
+def _at_least(lo: int) -> Check:
+    return lambda v: None if v >= lo else f"must be >= {lo}"
+
+
+def _one_of(choices: tuple[str, ...]) -> Check:
+    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
+
+
+def _device(v: str) -> str | None:
+    return None if _DEVICE_RE.match(v) else "must be auto, cpu, cuda or cuda:N"
+
+
+def _pair(positive: bool) -> Check:
+    def check(v: list[float]) -> str | None:
+        if len(v) != 2 or not all(math.isfinite(x) for x in v):
+            return "must be a list of 2 finite numbers"
+        if positive and not all(x > 0 for x in v):
+            return "must hold 2 numbers > 0"
+        return None
+
+    return check
+
+
+PARAMETERS: tuple[ParamSpec, ...] = (
+    ParamSpec("world_frame", "world", "Frame of all poses, spheres and points; incoming messages "
+              "must carry this header.frame_id.", "non-empty",
+              lambda v: None if v.strip() else "must not be empty"),
+    ParamSpec("device", "auto", "Compute device: auto (cuda:0 when available, else cpu), cpu, "
+              "cuda or cuda:N.", "auto|cpu|cuda|cuda:N", _device),
+    ParamSpec("num_envs", 1, "Number of independent environments (env index of messages and "
+              "requests is 0..num_envs-1).", ">= 1", _at_least(1), int_range=(1, 4096)),
+    ParamSpec("mesh_capacity", 16, "Mesh slots per environment reserved up front (the world "
+              "grows beyond it when needed).", ">= 1", _at_least(1), int_range=(1, 1_000_000)),
+    ParamSpec("max_distance", 0.5, "Search bound outside meshes [m]: spheres farther than "
+              "max_distance + radius + activation_distance cost 0; query_signed_distance "
+              "default clamp.", "> 0", _positive, float_range=(0.0, 1000.0)),
+    ParamSpec("activation_distance", 0.05, "Default activation distance eta [m] when a request "
+              "sends <= 0.", "> 0", _positive, float_range=(0.0, 100.0)),
+    ParamSpec("weight", 1.0, "Default cost weight when a request sends <= 0.", "> 0", _positive,
+              float_range=(0.0, 1e9)),
+    ParamSpec("sign_method", "default", "Inside/outside test of the mesh queries: default, "
+              "normal, winding_number or parity (see config/sdf_server.yaml).",
+              "default|normal|winding_number|parity", _one_of(SIGN_METHODS)),
+    ParamSpec("max_spheres_per_request", 2_000_000, "Largest batch*horizon*spheres_per_step one "
+              "cost request may carry.", ">= 1", _at_least(1), int_range=(1, _INT_MAX)),
+    ParamSpec("max_sweep_steps", 32, "Largest sweep_steps a swept-cost request may ask for.",
+              ">= 0", _at_least(0), int_range=(0, 1_000_000)),
+    ParamSpec("max_points_per_request", 1_000_000, "Largest number of points one "
+              "query_signed_distance request may carry (also bounds the distance slice).",
+              ">= 1", _at_least(1), int_range=(1, _INT_MAX)),
+    ParamSpec("scene_file", "", "Scene YAML with static obstacles loaded at start; empty = none.",
+              "path or empty"),
+    ParamSpec("marker_rate_hz", 2.0, "Rate of ~/markers updates [Hz]; 0 = no markers.", ">= 0",
+              _non_negative, float_range=(0.0, 1000.0)),
+    ParamSpec("publish_request_markers", True, "Also publish the spheres of the last cost "
+              "request (batch row 0), coloured green (cost 0) to red (highest cost)."),
+    ParamSpec("marker_max_spheres", 4096, "At most this many request spheres in the markers.",
+              ">= 1", _at_least(1), int_range=(1, 1_000_000)),
+    ParamSpec("slice_plane", "xy", "Plane of the ~/distance_slice point cloud: xy, xz or yz.",
+              "xy|xz|yz", _one_of(SLICE_PLANES)),
+    ParamSpec("slice_offset", 0.0, "Offset of the slice plane along its normal axis [m].",
+              "finite", _finite),
+    ParamSpec("slice_center", [0.0, 0.0], "Centre of the slice in the plane's two axes [m].",
+              "2 finite numbers", _pair(False)),
+    ParamSpec("slice_size", [2.0, 2.0], "Width and height of the slice [m].", "2 numbers > 0",
+              _pair(True)),
+    ParamSpec("slice_resolution", 0.02, "Grid spacing of the slice [m].", "> 0", _positive,
+              float_range=(0.0, 100.0)),
+    ParamSpec("slice_env", 0, "Environment the slice shows.", "0 <= slice_env < num_envs",
+              _at_least(0), int_range=(0, 4095)),
+    ParamSpec("slice_rate_hz", 1.0, "Rate of ~/distance_slice [Hz], published only while "
+              "someone subscribes; 0 = never.", ">= 0", _non_negative,
+              float_range=(0.0, 1000.0)),
+    ParamSpec("diagnostics_rate_hz", 1.0, "Rate of /diagnostics [Hz]; 0 = none.", ">= 0",
+              _non_negative, float_range=(0.0, 1000.0)),
+)
+
+PARAMETER_NAMES: tuple[str, ...] = tuple(p.name for p in PARAMETERS)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Validated parameter values (names as in PARAMETERS)."""
+
+    world_frame: str
+    device: str
+    num_envs: int
+    mesh_capacity: int
+    max_distance: float
+    activation_distance: float
+    weight: float
+    sign_method: str
+    max_spheres_per_request: int
+    max_sweep_steps: int
+    max_points_per_request: int
+    scene_file: str
+    marker_rate_hz: float
+    publish_request_markers: bool
+    marker_max_spheres: int
+    slice_plane: str
+    slice_offset: float
+    slice_center: tuple[float, float]
+    slice_size: tuple[float, float]
+    slice_resolution: float
+    slice_env: int
+    slice_rate_hz: float
+    diagnostics_rate_hz: float
+
+    def slice_shape(self) -> tuple[int, int]:
+        """Grid points of the distance slice along its two in-plane axes."""
+        return tuple(max(1, int(math.floor(s / self.slice_resolution + 1e-9)) + 1)
+                     for s in self.slice_size)  # type: ignore[return-value]
+
+
+assert tuple(f.name for f in fields(ServerConfig)) == PARAMETER_NAMES
+
+
+def _type_name(default: Any) -> str:
+    if isinstance(default, bool):
+        return "a bool (true/false)"
+    if isinstance(default, int):
+        return "an integer"
+    if isinstance(default, float):
+        return "a float (write 1.0, not 1)"
+    if isinstance(default, list):
+        return "a list of floats (write [1.0, 2.0], not [1, 2])"
+    return "a string"
+
+
+def validate_values(values: dict[str, Any]) -> ServerConfig:
+    """Check every value of ``values`` (name -> value, all of PARAMETERS) and build the config.
+
+    Raises ConfigError listing every bad parameter.
+    """
+    errors = []
+    for spec in PARAMETERS:
+        value = values[spec.name]
+        if spec.check is not None:
+            why = spec.check(value)
+            if why:
+                errors.append(f"parameter '{spec.name}' = {value!r} {why}")
+    if not errors:
+        if values["slice_env"] >= values["num_envs"]:
+            errors.append(f"parameter 'slice_env' = {values['slice_env']} must be < num_envs "
+                          f"({values['num_envs']})")
+    if errors:
+        raise ConfigError("; ".join(errors))
+    kw = dict(values)
+    kw["slice_center"] = tuple(float(x) for x in values["slice_center"])
+    kw["slice_size"] = tuple(float(x) for x in values["slice_size"])
+    config = ServerConfig(**kw)
+    n_slice = math.prod(config.slice_shape())
+    if config.slice_rate_hz > 0 and n_slice > config.max_points_per_request:
+        raise ConfigError(f"distance slice has {n_slice} points (slice_size / slice_resolution), "
+                          f"more than max_points_per_request ({config.max_points_per_request})")
+    return config
+
+
+def _descriptor(spec: ParamSpec):
+    from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
+
+    d = ParameterDescriptor(description=spec.description, additional_constraints=spec.constraint,
+                            read_only=True)
+    if spec.int_range is not None:
+        d.integer_range = [IntegerRange(from_value=spec.int_range[0], to_value=spec.int_range[1],
+                                        step=1)]
+    if spec.float_range is not None:
+        d.floating_point_range = [FloatingPointRange(from_value=spec.float_range[0],
+                                                     to_value=spec.float_range[1], step=0.0)]
+    return d
+
+
+def declare_and_validate(node) -> ServerConfig:
+    """Declare every parameter on ``node`` (an rclpy Node) and return the validated config.
+
+    Raises ConfigError for a wrong type, a value outside its declared range or a failed check.
+    """
+    from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
+
+    values: dict[str, Any] = {}
+    errors = []
+    for spec in PARAMETERS:
+        try:
+            param = node.declare_parameter(spec.name, spec.default, _descriptor(spec))
+        except InvalidParameterTypeException as exc:
+            errors.append(f"parameter '{spec.name}' must be {_type_name(spec.default)} ({exc})")
+            continue
+        except InvalidParameterValueException as exc:
+            errors.append(f"parameter '{spec.name}' out of range: {spec.constraint} ({exc})")
+            continue
+        values[spec.name] = param.value
+    if errors:
+        raise ConfigError("; ".join(errors))
+    if isinstance(values["slice_center"], tuple):  # pragma: no cover - rclpy version dependent
+        values["slice_center"] = list(values["slice_center"])
+    return validate_values(values)

@@ -1,0 +1,578 @@
+"""ROS 2 node ``sdf_server``: a thin adapter between ROS messages/services and robot_sdf.MeshWorld.
+
+Topics and services (relative to the node, ``~/`` = ``/sdf_server/``):
+
+- subscribes ``~/mesh_obstacles`` (robot_sdf_interfaces/MeshObstacle; reliable, transient_local,
+  depth 100, so meshes published before the node started reach it), ``~/obstacle_poses``
+  (ObstaclePose) and one geometry_msgs/PoseStamped topic per scene obstacle with ``pose_topic``
+  (pose inputs are best effort, depth 10: the latest pose wins, and best effort matches reliable
+  and best-effort publishers alike);
+- serves ``~/evaluate_sphere_cost``, ``~/evaluate_swept_sphere_cost``, ``~/query_signed_distance``;
+- publishes ``~/markers`` (MarkerArray), ``~/distance_slice`` (PointCloud2 x,y,z,distance, only
+  while subscribed) and ``/diagnostics``.
+
+Input policy: every message is checked before the world changes; a bad one is logged with its
+reason and dropped whole. Poses must carry ``header.frame_id == world_frame`` (no tf lookups);
+quaternions within 1e-3 of unit length are renormalised, anything else (zero, NaN) is rejected by
+the world's validation. Threads: mesh updates (which may build a BVH) run in their own callback
+group, pose updates in another, service requests in a third and the periodic publishers in a
+fourth, on a MultiThreadedExecutor; MeshWorld publishes immutable snapshots, so a request reads one
+consistent world state and is never queued behind a BVH build.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+import numpy as np
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from geometry_msgs.msg import PoseStamped
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.node import Node
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import PointCloud2
+from std_msgs.msg import Header
+from visualization_msgs.msg import MarkerArray
+
+from robot_sdf.ros import conversions as conv
+from robot_sdf.ros.parameters import ConfigError, ServerConfig, declare_and_validate
+from robot_sdf_interfaces.msg import MeshObstacle, ObstaclePose
+from robot_sdf_interfaces.srv import EvaluateSphereCost, EvaluateSweptSphereCost, QuerySignedDistance
+
+NODE_NAME = "sdf_server"
+MESH_QOS = QoSProfile(depth=100, history=HistoryPolicy.KEEP_LAST,
+                      reliability=ReliabilityPolicy.RELIABLE,
+                      durability=DurabilityPolicy.TRANSIENT_LOCAL)
+POSE_QOS = QoSProfile(depth=10, history=HistoryPolicy.KEEP_LAST,
+                      reliability=ReliabilityPolicy.BEST_EFFORT,
+                      durability=DurabilityPolicy.VOLATILE)
+# Speed metric off: speed_dt is unused, any positive value keeps the core's checks quiet.
+_UNUSED_SPEED_DT = 0.1
+
+
+class RequestError(ValueError):
+    """A service request that cannot be served; its text goes into response.message."""
+
+
+class RejectedInput(ValueError):
+    """A topic message that is dropped; its text goes into the warning log."""
+
+
+class RequestStats:
+    """Thread-safe request counters and latency percentiles for the diagnostics."""
+
+    def __init__(self, window: int = 1000) -> None:
+        self._lock = threading.Lock()
+        self._latencies: deque[float] = deque(maxlen=window)
+        self.total = 0
+        self.failed = 0
+        self._since_report = 0
+        self._last_report = time.monotonic()
+
+    def record(self, latency_s: float, ok: bool) -> None:
+        with self._lock:
+            self.total += 1
+            self._since_report += 1
+            self.failed += 0 if ok else 1
+            if ok:
+                self._latencies.append(latency_s)
+
+    def report(self) -> tuple[float, float, float]:
+        """Request rate [Hz] since the last report, latency p50 and p95 [s] over the window."""
+        with self._lock:
+            now = time.monotonic()
+            rate = self._since_report / max(now - self._last_report, 1e-9)
+            self._since_report, self._last_report = 0, now
+            lat = np.array(self._latencies) if self._latencies else np.zeros(1)
+        return rate, float(np.percentile(lat, 50)), float(np.percentile(lat, 95))
+
+
+def _slice_grid(config: ServerConfig) -> np.ndarray:
+    """World points (N,3) float32 of the distance slice plane (row-major over its two axes)."""
+    axes = {"xy": (0, 1, 2), "xz": (0, 2, 1), "yz": (1, 2, 0)}[config.slice_plane]
+    nu, nv = config.slice_shape()
+    u = config.slice_center[0] + (np.arange(nu) * config.slice_resolution - 0.5 * config.slice_size[0])
+    v = config.slice_center[1] + (np.arange(nv) * config.slice_resolution - 0.5 * config.slice_size[1])
+    uu, vv = np.meshgrid(u, v, indexing="ij")
+    pts = np.empty((uu.size, 3), dtype=np.float32)
+    pts[:, axes[0]] = uu.reshape(-1)
+    pts[:, axes[1]] = vv.reshape(-1)
+    pts[:, axes[2]] = config.slice_offset
+    return pts
+
+
+class SdfServer(Node):
+    """The sdf_server node. Raises ConfigError from the constructor on bad parameters or scene."""
+
+    def __init__(self, **node_kwargs: Any) -> None:
+        super().__init__(NODE_NAME, **node_kwargs)
+        self.config = declare_and_validate(self)
+        cfg = self.config
+        # Heavy imports after the parameters passed: a bad configuration fails fast.
+        import torch
+
+        from robot_sdf import MeshWorld
+
+        self._torch = torch
+        try:
+            self.world = MeshWorld(device=cfg.device, num_envs=cfg.num_envs,
+                                   mesh_capacity=cfg.mesh_capacity, sign_method=cfg.sign_method,
+                                   max_distance=cfg.max_distance)
+        except (ValueError, RuntimeError) as exc:
+            raise ConfigError(f"cannot create the mesh world on device '{cfg.device}': {exc}") from exc
+        pose_topics = self._load_scene(cfg.scene_file)
+        self._warm_up()
+
+        self._stats = RequestStats()
+        self._rejected = 0
+        self._count_lock = threading.Lock()
+        self._request_lock = threading.Lock()
+        self._last_request: tuple[np.ndarray, np.ndarray] | None = None
+        self._request_seq = 0
+        self._marker_state = _MarkerState()
+
+        mesh_group = MutuallyExclusiveCallbackGroup()
+        pose_group = MutuallyExclusiveCallbackGroup()
+        query_group = MutuallyExclusiveCallbackGroup()
+        timer_group = MutuallyExclusiveCallbackGroup()
+
+        self.create_subscription(MeshObstacle, "~/mesh_obstacles", self._on_mesh_obstacle, MESH_QOS,
+                                 callback_group=mesh_group)
+        self.create_subscription(ObstaclePose, "~/obstacle_poses", self._on_obstacle_pose, POSE_QOS,
+                                 callback_group=pose_group)
+        for topic, targets in pose_topics.items():
+            self.create_subscription(PoseStamped, topic, self._pose_topic_callback(topic, targets),
+                                     POSE_QOS, callback_group=pose_group)
+
+        self._markers_pub = self.create_publisher(MarkerArray, "~/markers", 10)
+        self._slice_pub = self.create_publisher(PointCloud2, "~/distance_slice", 10)
+        self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self._slice_points = _slice_grid(cfg) if cfg.slice_rate_hz > 0 else None
+        for rate, callback in ((cfg.marker_rate_hz, self._publish_markers),
+                               (cfg.slice_rate_hz, self._publish_slice),
+                               (cfg.diagnostics_rate_hz, self._publish_diagnostics)):
+            if rate > 0:
+                self.create_timer(1.0 / rate, callback, callback_group=timer_group)
+
+        self.create_service(EvaluateSphereCost, "~/evaluate_sphere_cost", self._on_sphere_cost,
+                            callback_group=query_group)
+        self.create_service(EvaluateSweptSphereCost, "~/evaluate_swept_sphere_cost",
+                            self._on_swept_sphere_cost, callback_group=query_group)
+        self.create_service(QuerySignedDistance, "~/query_signed_distance",
+                            self._on_query_signed_distance, callback_group=query_group)
+        n_scene = sum(len(self.world.mesh_names(e)) for e in range(cfg.num_envs))
+        self.get_logger().info(
+            f"ready: device={self.world.device}, sign_method={cfg.sign_method}, "
+            f"num_envs={cfg.num_envs}, world_frame='{cfg.world_frame}', "
+            f"max_distance={cfg.max_distance} m, {n_scene} scene obstacles "
+            f"({len(pose_topics)} pose topics), revision {self.world.revision}")
+
+    # ------------------------------------------------------------------ start-up
+
+    def _load_scene(self, path: str) -> dict[str, list[tuple[str, int]]]:
+        """Load the scene file into the world; return pose topic -> [(obstacle id, env)]."""
+        if not path:
+            return {}
+        from robot_sdf.scene import apply_scene, load_scene
+
+        try:
+            specs = load_scene(path)
+            for spec in specs:
+                if not 0 <= spec.env < self.config.num_envs:
+                    raise ValueError(f"obstacle '{spec.id}' has env {spec.env}, num_envs is "
+                                     f"{self.config.num_envs}")
+            apply_scene(self.world, specs)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"cannot load scene_file '{path}': {exc}") from exc
+        topics: dict[str, list[tuple[str, int]]] = {}
+        for spec in specs:
+            if spec.pose_topic:
+                topics.setdefault(spec.pose_topic, []).append((spec.id, spec.env))
+        return topics
+
+    def _warm_up(self) -> None:
+        """Run each query once so the Warp kernels are loaded before the services appear."""
+        torch = self._torch
+        dev = self.world.device
+        spheres = torch.tensor([[[[0.0, 0.0, 0.0, 0.1]], [[0.1, 0.0, 0.0, 0.1]]]], device=dev)
+        self.world.evaluate_sphere_cost(spheres, compute_gradient=True)
+        self.world.evaluate_swept_sphere_cost(spheres, sweep_steps=1, compute_gradient=True)
+        self.world.signed_distance(torch.zeros((1, 3), device=dev))
+
+    # ------------------------------------------------------------------ world updates
+
+    def _reject(self, what: str, why: str) -> None:
+        with self._count_lock:
+            self._rejected += 1
+        self.get_logger().warning(f"rejected {what}: {why}")
+
+    def _guarded(self, what: str, apply: Callable[[], str]) -> None:
+        """Run one world update; log its outcome; never let an exception escape."""
+        try:
+            done = apply()
+        except (RejectedInput, ValueError, KeyError, TypeError, IndexError) as exc:
+            self._reject(what, str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc))
+        except Exception as exc:  # noqa: BLE001 - a topic callback must not kill the node
+            self._reject(what, f"internal error {type(exc).__name__}: {exc}")
+        else:
+            self.get_logger().info(f"{what}: {done}") if done else None
+
+    def _check_target(self, frame_id: str, obstacle_id: str, env: int, must_exist: bool) -> None:
+        if frame_id != self.config.world_frame:
+            raise RejectedInput(f"header.frame_id '{frame_id}' is not the world frame "
+                                f"'{self.config.world_frame}'")
+        if not obstacle_id:
+            raise RejectedInput("empty id")
+        if env >= self.config.num_envs:
+            raise RejectedInput(f"env {env} out of range (num_envs {self.config.num_envs})")
+        if must_exist and not self.world.has_mesh(obstacle_id, env):
+            raise RejectedInput(f"unknown id '{obstacle_id}' in env {env}")
+
+    def _on_mesh_obstacle(self, msg: MeshObstacle) -> None:
+        op = conv.OPERATION_NAMES.get(msg.operation)
+        what = f"MeshObstacle {op or msg.operation} '{msg.id}' env {msg.env}"
+        self._guarded(what, lambda: self._apply_mesh_obstacle(msg, op))
+
+    def _apply_mesh_obstacle(self, msg: MeshObstacle, op: str | None) -> str:
+        if op is None:
+            raise RejectedInput(f"unknown operation {msg.operation} (expected 0..4: "
+                                f"{', '.join(conv.OPERATION_NAMES.values())})")
+        self._check_target(msg.header.frame_id, msg.id, msg.env, must_exist=op != "ADD")
+        world, env = self.world, int(msg.env)
+        if op == "ADD":
+            vertices, triangles = conv.mesh_arrays(msg)
+            rev = world.add_mesh(msg.id, vertices, triangles, pose=conv.pose_to_array(msg.pose), env=env)
+            return f"{len(vertices)} vertices, {len(triangles)} triangles -> revision {rev}"
+        if op == "REMOVE":
+            rev = world.remove_mesh(msg.id, env=env)
+        elif op == "MOVE":
+            world.set_pose(msg.id, conv.pose_to_array(msg.pose), env=env)
+            return ""  # poses may stream at high rate: not logged
+        else:
+            rev = world.set_enabled(msg.id, op == "ENABLE", env=env)
+        return f"revision {rev}"
+
+    def _on_obstacle_pose(self, msg: ObstaclePose) -> None:
+        def apply() -> str:
+            self._check_target(msg.header.frame_id, msg.id, msg.env, must_exist=True)
+            self.world.set_pose(msg.id, conv.pose_to_array(msg.pose), env=int(msg.env))
+            return ""
+
+        self._guarded(f"ObstaclePose '{msg.id}' env {msg.env}", apply)
+
+    def _pose_topic_callback(self, topic: str, targets: list[tuple[str, int]]):
+        def callback(msg: PoseStamped) -> None:
+            def apply() -> str:
+                pose = conv.pose_to_array(msg.pose)
+                for obstacle_id, env in targets:
+                    self._check_target(msg.header.frame_id, obstacle_id, env, must_exist=True)
+                for obstacle_id, env in targets:
+                    self.world.set_pose(obstacle_id, pose, env=env)
+                return ""
+
+            self._guarded(f"PoseStamped on '{topic}'", apply)
+
+        return callback
+
+    # ------------------------------------------------------------------ services
+
+    def _serve(self, name: str, response, compute: Callable[[Any], None]):
+        """Fill ``response`` via ``compute``; turn any failure into success=false + message."""
+        t0 = time.perf_counter()
+        try:
+            compute(response)
+            response.success, response.message = True, ""
+        except RequestError as exc:
+            self._fail(response, str(exc))
+            self.get_logger().warning(f"{name}: rejected request: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a service callback must not kill the node
+            self._fail(response, f"internal error {type(exc).__name__}: {exc}")
+            self.get_logger().error(f"{name}: internal error: {exc!r}")
+        self._stats.record(time.perf_counter() - t0, response.success)
+        return response
+
+    @staticmethod
+    def _fail(response, message: str) -> None:
+        response.success, response.message = False, message
+        for field in ("cost", "gradient", "distance"):
+            if hasattr(response, field):
+                setattr(response, field, conv.float32_array(np.zeros(0)))
+
+    def _scalar_or_default(self, value: float, default: float, name: str) -> float:
+        if not math.isfinite(value):
+            raise RequestError(f"{name} must be finite, got {value}")
+        return float(value) if value > 0 else default
+
+    def _spheres(self, request) -> tuple[Any, Any]:
+        """Validate the common cost request fields -> spheres (b,h,n,4) tensor, env_index or None."""
+        b, h, n = int(request.batch), int(request.horizon), int(request.spheres_per_step)
+        count = b * h * n  # Python ints: no overflow whatever the uint32 fields hold
+        if count == 0:
+            raise RequestError(f"batch, horizon and spheres_per_step must be > 0, got {b}, {h}, {n}")
+        if count > self.config.max_spheres_per_request:
+            raise RequestError(f"batch*horizon*spheres_per_step = {count} exceeds "
+                               f"max_spheres_per_request {self.config.max_spheres_per_request}")
+        flat = conv.as_float32(request.spheres)
+        if flat.size != 4 * count:
+            raise RequestError(f"spheres has {flat.size} floats, expected "
+                               f"batch*horizon*spheres_per_step*4 = {4 * count}")
+        if not np.isfinite(flat).all():
+            bad = int(np.flatnonzero(~np.isfinite(flat))[0])
+            raise RequestError(f"spheres[{bad}] is not finite")
+        env = conv.as_uint32(request.env_index)
+        if env.size not in (0, b):
+            raise RequestError(f"env_index has {env.size} entries, expected 0 or batch = {b}")
+        if env.size and int(env.max()) >= self.config.num_envs:
+            raise RequestError(f"env_index value {int(env.max())} out of range "
+                               f"(num_envs {self.config.num_envs})")
+        torch = self._torch
+        dev = self.world.device
+        spheres = torch.from_numpy(flat.reshape(b, h, n, 4)).to(dev)
+        env_index = torch.from_numpy(env.astype(np.int32)).to(dev) if env.size else None
+        return spheres, env_index
+
+    def _fill_cost(self, response, request, spheres, cost, grad, revision: int) -> None:
+        response.world_revision = int(revision)
+        cost_np = cost.detach().cpu().numpy()
+        response.cost = conv.float32_array(cost_np)
+        if request.compute_gradient:
+            response.gradient = conv.float32_array(grad.detach().cpu().numpy())
+        if self.config.publish_request_markers and self.config.marker_rate_hz > 0:
+            k = self.config.marker_max_spheres
+            row = spheres[0].reshape(-1, 4)[:k].cpu().numpy()
+            with self._request_lock:
+                self._last_request = (row, cost_np[0].reshape(-1)[:k].copy())
+                self._request_seq += 1
+
+    def _on_sphere_cost(self, request, response):
+        def compute(resp) -> None:
+            spheres, env_index = self._spheres(request)
+            eta, weight = self._cost_scalars(request)
+            (cost, grad), rev = self._evaluate(
+                self.world.evaluate_sphere_cost, spheres, activation_distance=eta, weight=weight,
+                env_index=env_index, compute_gradient=bool(request.compute_gradient))
+            self._fill_cost(resp, request, spheres, cost, grad, rev)
+
+        return self._serve("evaluate_sphere_cost", response, compute)
+
+    def _on_swept_sphere_cost(self, request, response):
+        def compute(resp) -> None:
+            spheres, env_index = self._spheres(request)
+            eta, weight = self._cost_scalars(request)
+            steps = int(request.sweep_steps)
+            if steps > self.config.max_sweep_steps:
+                raise RequestError(f"sweep_steps {steps} exceeds max_sweep_steps "
+                                   f"{self.config.max_sweep_steps}")
+            dt = float(request.speed_dt)
+            if request.enable_speed_metric and not (math.isfinite(dt) and dt > 0):
+                raise RequestError(f"speed_dt must be > 0 with enable_speed_metric, got {dt}")
+            (cost, grad), rev = self._evaluate(
+                self.world.evaluate_swept_sphere_cost, spheres, activation_distance=eta,
+                weight=weight, sweep_steps=steps,
+                speed_dt=dt if request.enable_speed_metric else _UNUSED_SPEED_DT,
+                enable_speed_metric=bool(request.enable_speed_metric), env_index=env_index,
+                compute_gradient=bool(request.compute_gradient))
+            self._fill_cost(resp, request, spheres, cost, grad, rev)
+
+        return self._serve("evaluate_swept_sphere_cost", response, compute)
+
+    def _cost_scalars(self, request) -> tuple[float, float]:
+        return (self._scalar_or_default(request.activation_distance,
+                                        self.config.activation_distance, "activation_distance"),
+                self._scalar_or_default(request.weight, self.config.weight, "weight"))
+
+    def _on_query_signed_distance(self, request, response):
+        def compute(resp) -> None:
+            flat = conv.as_float32(request.points)
+            if flat.size == 0:
+                raise RequestError("points is empty")
+            if flat.size % 3:
+                raise RequestError(f"points has {flat.size} floats, not a multiple of 3")
+            n = flat.size // 3
+            if n > self.config.max_points_per_request:
+                raise RequestError(f"{n} points exceed max_points_per_request "
+                                   f"{self.config.max_points_per_request}")
+            if not np.isfinite(flat).all():
+                raise RequestError(f"points[{int(np.flatnonzero(~np.isfinite(flat))[0])}] is not finite")
+            env = int(request.env)
+            if env >= self.config.num_envs:
+                raise RequestError(f"env {env} out of range (num_envs {self.config.num_envs})")
+            max_d = self._scalar_or_default(request.max_distance, self.config.max_distance,
+                                            "max_distance")
+            points = self._torch.from_numpy(flat.reshape(n, 3)).to(self.world.device)
+            (dist, grad), rev = self._evaluate(self.world.signed_distance, points, env=env,
+                                               max_distance=max_d)
+            resp.world_revision = int(rev)
+            resp.distance = conv.float32_array(dist.detach().cpu().numpy())
+            resp.gradient = conv.float32_array(grad.detach().cpu().numpy())
+
+        return self._serve("query_signed_distance", response, compute)
+
+    def _evaluate(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, int]:
+        """Call a world query; return its result and the revision of the world state it used."""
+        return _call_with_revision(self.world, fn, *args, **kwargs)
+
+    # ------------------------------------------------------------------ publishers
+
+    def _publish_markers(self) -> None:
+        try:
+            markers = self._marker_state.update(self, self._markers_pub.get_subscription_count())
+            if markers:
+                conv.stamp_all(markers, self.get_clock().now().to_msg())
+                self._markers_pub.publish(MarkerArray(markers=markers))
+        except Exception as exc:  # noqa: BLE001 - visualisation must never take the node down
+            self.get_logger().error(f"markers: {exc!r}")
+
+    def _publish_slice(self) -> None:
+        if self._slice_pub.get_subscription_count() == 0:
+            return
+        try:
+            torch = self._torch
+            points = torch.from_numpy(self._slice_points).to(self.world.device)
+            with torch.no_grad():
+                dist, _ = self.world.signed_distance(points, env=self.config.slice_env)
+            header = Header(frame_id=self.config.world_frame, stamp=self.get_clock().now().to_msg())
+            self._slice_pub.publish(conv.make_distance_cloud(
+                self._slice_points, dist.detach().cpu().numpy(), header))
+        except Exception as exc:  # noqa: BLE001
+            self.get_logger().error(f"distance slice: {exc!r}")
+
+    def _publish_diagnostics(self) -> None:
+        try:
+            rate, p50, p95 = self._stats.report()
+            n_mesh = sum(len(self.world.mesh_names(e)) for e in range(self.config.num_envs))
+            rev = self.world.revision
+            values = {
+                "device": str(self.world.device), "sign_method": self.config.sign_method,
+                "num_envs": self.config.num_envs, "mesh_count": n_mesh, "revision": rev,
+                "requests_total": self._stats.total, "requests_failed": self._stats.failed,
+                "request_rate_hz": f"{rate:.3f}", "latency_p50_ms": f"{1e3 * p50:.3f}",
+                "latency_p95_ms": f"{1e3 * p95:.3f}", "rejected_messages": self._rejected,
+            }
+            status = DiagnosticStatus(level=DiagnosticStatus.OK, name=f"{NODE_NAME}: mesh world",
+                                      hardware_id=str(self.world.device),
+                                      message=f"{n_mesh} meshes, revision {rev}",
+                                      values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])
+            msg = DiagnosticArray(status=[status])
+            msg.header.stamp = self.get_clock().now().to_msg()
+            self._diag_pub.publish(msg)
+        except Exception as exc:  # noqa: BLE001
+            self.get_logger().error(f"diagnostics: {exc!r}")
+
+    def last_request(self) -> tuple[int, tuple[np.ndarray, np.ndarray] | None]:
+        """(sequence number, (spheres (k,4), cost (k,)) of batch row 0 of the last cost request)."""
+        with self._request_lock:
+            return self._request_seq, self._last_request
+
+
+def _call_with_revision(world, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, int]:
+    """Run ``fn`` and name the world revision it saw.
+
+    MeshWorld swaps immutable snapshots, so a query sees exactly one revision; when the revision
+    did not move across the call that is the one. When an update landed during the call the
+    query is repeated (updates are rare next to queries; after 3 tries the latest is reported).
+    """
+    for _ in range(3):
+        before = world.revision
+        out = fn(*args, **kwargs)
+        if world.revision == before:
+            return out, before
+    return out, world.revision
+
+
+class _MarkerState:
+    """What ~/markers last showed, so each update sends only what changed.
+
+    Mesh markers are rebuilt when the world revision moves or a new subscriber appears; their
+    point lists are cached per mesh and rebuilt only when the geometry changes (a MOVE only
+    changes marker.pose). Removed meshes get DELETE markers. Marker ids are stable per
+    (env, mesh id) for the node's lifetime; the namespace is ``env_<n>``.
+    """
+
+    def __init__(self) -> None:
+        self.revision = -1
+        self.subscribers = 0
+        self.request_seq = 0
+        self.ids: dict[tuple[int, str], int] = {}
+        self.shown: set[tuple[int, str]] = set()
+        self.cache: dict[tuple[int, str], tuple[Any, list]] = {}
+        self.sphere_markers = 0
+
+    def update(self, node: SdfServer, subscribers: int) -> list:
+        if subscribers == 0:
+            self.subscribers = 0
+            return []
+        out: list = []
+        frame = node.config.world_frame
+        rev = node.world.revision
+        if rev != self.revision or subscribers > self.subscribers:
+            out += self._meshes(node, frame)
+            self.revision = rev
+        self.subscribers = subscribers
+        seq, last = node.last_request()
+        if seq != self.request_seq and last is not None:
+            self.request_seq = seq
+            spheres = conv.sphere_markers("request_spheres", frame, *last)
+            out += spheres
+            out += [conv.delete_marker("request_spheres", k, frame)
+                    for k in range(len(spheres), self.sphere_markers)]
+            self.sphere_markers = len(spheres)
+        return out
+
+    def _meshes(self, node: SdfServer, frame: str) -> list:
+        world = node.world
+        out, now = [], set()
+        for env in range(node.config.num_envs):
+            for name in world.mesh_names(env):
+                key = (env, name)
+                try:
+                    vertices, triangles, pose, enabled = world.mesh_geometry(name, env)
+                except KeyError:  # removed since mesh_names(): the next update deletes it
+                    continue
+                now.add(key)
+                marker_id = self.ids.setdefault(key, len(self.ids))
+                fingerprint = (vertices.shape, triangles.shape, hash(vertices.tobytes()),
+                               hash(np.ascontiguousarray(triangles).tobytes()))
+                cached = self.cache.get(key)
+                if cached is None or cached[0] != fingerprint:
+                    cached = (fingerprint, conv.triangle_points(vertices, triangles))
+                    self.cache[key] = cached
+                m = conv.mesh_marker(f"env_{env}", marker_id, frame, cached[1], pose, enabled)
+                out.append(m)
+        for key in self.shown - now:
+            out.append(conv.delete_marker(f"env_{key[0]}", self.ids[key], frame))
+            self.cache.pop(key, None)
+        self.shown = now
+        return out
+
+
+def main(args: list[str] | None = None) -> int:
+    """Console script ``sdf_server``: run the node until shutdown. Exit code 2 on bad config."""
+    rclpy.init(args=args)
+    try:
+        node = SdfServer()
+    except ConfigError as exc:
+        rclpy.logging.get_logger(NODE_NAME).error(f"invalid configuration: {exc}")
+        rclpy.try_shutdown()
+        return 2
+    executor = MultiThreadedExecutor(num_threads=4)
+    executor.add_node(node)
+    try:
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        executor.shutdown()
+        node.destroy_node()
+        rclpy.try_shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Data layout shared by the world, the kernels and the autograd Functions.
+
+Poses are 7-vectors ``x, y, z, qw, qx, qy, qz`` (metres, unit quaternion, scalar first).
+The kernel-side inverse pose has 8 floats per slot: the world->mesh transform in the same
+order plus one float of padding; robot_sdf stores the radius of a sphere about the mesh-frame
+origin that bounds the mesh in that padding (0 = unknown) so kernels can skip far meshes.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+POSE_SIZE = 7
+POSE_INVERSE_SIZE = 8
+IDENTITY_POSE = (0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0)
+
+
+class SignMethod(enum.IntEnum):
+    """How a Warp mesh query decides inside from outside.
+
+    NORMAL: angle-weighted pseudo-normal of the closest feature. Cheapest (no extra traversal);
+        exact for watertight, consistently wound, non-self-intersecting meshes.
+    DEFAULT: Warp's ``mesh_query_point``: majority vote of three axis-aligned rays. Tolerates small
+        defects; three ray traversals per query make it the slowest closed-mesh option.
+    WINDING_NUMBER: fast generalised winding number. Meaningful for open (non-watertight) meshes;
+        the mesh is built with winding-number support, which costs memory and build time.
+    PARITY: crossing parity of one perturbed ray. One extra traversal; wrong near cracks.
+    """
+
+    NORMAL = 0
+    DEFAULT = 1
+    WINDING_NUMBER = 2
+    PARITY = 3
+
+    @classmethod
+    def parse(cls, value: "SignMethod | str | int") -> "SignMethod":
+        if isinstance(value, SignMethod):
+            return value
+        if isinstance(value, str):
+            try:
+                return cls[value.strip().upper()]
+            except KeyError:
+                names = ", ".join(m.name.lower() for m in cls)
+                raise ValueError(f"unknown sign_method {value!r}; expected one of {names}") from None
+        return cls(int(value))
+
+
+@dataclass(frozen=True)
+class WorldSnapshot:
+    """An immutable, consistent view of a MeshWorld, as the kernels consume it.
+
+    mesh_idx:          (n_env, m) int64, ``wp.Mesh.id`` per slot (0 in unused slots)
+    mesh_pose_inverse: (n_env, m, 8) float32, world->mesh transform per slot
+    mesh_enable:       (n_env, m) uint8, 0 = slot ignored
+    n_env_mesh:        (n_env,) int32, slots in use per environment
+    revision:          world revision this view was taken at
+    sign_method:       the world's SignMethod
+    """
+
+    mesh_idx: torch.Tensor
+    mesh_pose_inverse: torch.Tensor
+    mesh_enable: torch.Tensor
+    n_env_mesh: torch.Tensor
+    revision: int
+    sign_method: SignMethod
+    # Keeps the Warp meshes referenced by mesh_idx alive for as long as this view exists.
+    _keepalive: tuple[Any, ...] = field(default=(), repr=False, compare=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.mesh_idx.device
+
+    @property
+    def num_envs(self) -> int:
+        return int(self.mesh_idx.shape[0])

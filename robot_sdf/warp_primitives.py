@@ -1,0 +1,261 @@
+"""torch.autograd Functions over the Warp kernels, with cuRobo's forward signatures.
+
+Shapes (design.md section 3): query_spheres (b,h,n,4) float32; out_cost (b,h,n); out_grad
+(b,h,n,4); sparsity_idx (b,h,n) uint8; scalars as (1,) float32 tensors; mesh_idx (E,M) int64;
+mesh_pose_inverse (E,M,8) float32; mesh_enable (E,M) uint8; n_env_mesh (E,) int32;
+env_query_idx (b,) int32 or None.
+
+Two arguments beyond cuRobo's are accepted at the end with defaults: ``sign_method`` (a
+SignMethod; NORMAL unless given) and, for the plain Function, nothing else. Outputs are fully
+rewritten on every call. ``backward`` returns grad_output[..., None] * out_grad for the spheres.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+import warp as wp
+
+from robot_sdf import kernels
+from robot_sdf.types import SignMethod
+
+_CPU_MIN_SPHERES_PER_THREAD = 2048
+_cpu_pool: ThreadPoolExecutor | None = None
+_initialised = False
+
+
+def cpu_threads() -> int:
+    """Threads used for Warp CPU launches (Warp runs one CPU launch on one thread).
+
+    ROBOT_SDF_CPU_THREADS overrides; default is the number of cores this process may use."""
+    env = os.environ.get("ROBOT_SDF_CPU_THREADS")
+    if env:
+        return max(1, int(env))
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def init_warp() -> None:
+    """Initialise Warp once, quietly."""
+    global _initialised
+    if not _initialised:
+        wp.config.quiet = True
+        wp.init()
+        _initialised = True
+
+
+def warp_device(device: torch.device) -> wp.context.Device:
+    init_warp()
+    return wp.device_from_torch(device)
+
+
+def _launch(kernel, total: int, inputs_before_range: list, outputs: list, device: torch.device) -> None:
+    """Launch ``kernel`` over ``total`` threads; its arguments end with (start, total, *outputs).
+
+    On CUDA the launch goes on torch's current stream. On the CPU, Warp runs a launch serially,
+    so large launches are split into contiguous chunks launched from a thread pool (Warp releases
+    the GIL while a CPU kernel runs, so the chunks run on separate cores).
+    """
+    global _cpu_pool
+    if total == 0:
+        return
+    wdev = warp_device(device)
+    if device.type == "cuda":
+        stream = wp.stream_from_torch(torch.cuda.current_stream(device))
+        wp.launch(kernel, dim=total, inputs=[*inputs_before_range, 0, total], outputs=outputs, device=wdev, stream=stream)
+        return
+    threads = min(cpu_threads(), max(1, total // _CPU_MIN_SPHERES_PER_THREAD))
+    if threads == 1:
+        wp.launch(kernel, dim=total, inputs=[*inputs_before_range, 0, total], outputs=outputs, device=wdev)
+        return
+    if _cpu_pool is None or _cpu_pool._max_workers < threads:
+        _cpu_pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="robot_sdf_warp")
+    # First launch of a module compiles/loads it; do that once before going parallel.
+    wp.load_module(kernel.module, device=wdev)
+    chunk = (total + threads - 1) // threads
+    futures = [
+        _cpu_pool.submit(
+            wp.launch, kernel, dim=min(chunk, total - start),
+            inputs=[*inputs_before_range, start, total], outputs=outputs, device=wdev,
+        )
+        for start in range(0, total, chunk)
+    ]
+    for f in futures:
+        f.result()
+
+
+def _as_warp(t: torch.Tensor, dtype=None) -> wp.array:
+    return wp.from_torch(t, dtype=dtype, requires_grad=False)
+
+
+def _scalar(t, device: torch.device) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        t = torch.tensor([float(t)], dtype=torch.float32)
+    return t.reshape(-1)[:1].to(device=device, dtype=torch.float32)
+
+
+def _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device) -> tuple:
+    if mesh_idx.dim() != 2:
+        raise ValueError(f"mesh_idx must be (n_env, m), got {tuple(mesh_idx.shape)}")
+    n_env, m = mesh_idx.shape
+    if tuple(mesh_pose_inverse.shape) != (n_env, m, 8):
+        raise ValueError(f"mesh_pose_inverse must be ({n_env}, {m}, 8), got {tuple(mesh_pose_inverse.shape)}")
+    if tuple(mesh_enable.shape) != (n_env, m):
+        raise ValueError(f"mesh_enable must be ({n_env}, {m}), got {tuple(mesh_enable.shape)}")
+    if tuple(n_env_mesh.reshape(-1).shape) != (n_env,):
+        raise ValueError(f"n_env_mesh must be ({n_env},), got {tuple(n_env_mesh.shape)}")
+    return (
+        _as_warp(mesh_idx.to(device=device, dtype=torch.int64).contiguous()),
+        _as_warp(mesh_pose_inverse.to(device=device, dtype=torch.float32).contiguous()),
+        _as_warp(mesh_enable.to(device=device, dtype=torch.uint8).contiguous()),
+        _as_warp(n_env_mesh.reshape(-1).to(device=device, dtype=torch.int32).contiguous()),
+    )
+
+
+def _env_query(env_query_idx, batch: int, device: torch.device) -> tuple[wp.array, int]:
+    if env_query_idx is None:
+        return _as_warp(torch.zeros(1, dtype=torch.int32, device=device)), 0
+    env = env_query_idx.reshape(-1)
+    if env.shape[0] != batch:
+        raise ValueError(f"env_query_idx must have one entry per batch row ({batch}), got {env.shape[0]}")
+    return _as_warp(env.to(device=device, dtype=torch.int32).contiguous()), 1
+
+
+class _Outputs:
+    """Contiguous views of the caller's output buffers; copies back if the caller's were strided."""
+
+    def __init__(self, out_cost: torch.Tensor, out_grad: torch.Tensor, sparsity_idx: torch.Tensor, shape: tuple):
+        b, h, n = shape
+        for name, t, want in (("out_cost", out_cost, (b, h, n)), ("out_grad", out_grad, (b, h, n, 4)),
+                              ("sparsity_idx", sparsity_idx, (b, h, n))):
+            if tuple(t.shape) != want:
+                raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+        if out_cost.dtype != torch.float32 or out_grad.dtype != torch.float32:
+            raise ValueError("out_cost and out_grad must be float32")
+        self._targets = (out_cost, out_grad, sparsity_idx)
+        self.cost = out_cost if out_cost.is_contiguous() else torch.empty_like(out_cost, memory_format=torch.contiguous_format)
+        self.grad = out_grad if out_grad.is_contiguous() else torch.empty_like(out_grad, memory_format=torch.contiguous_format)
+        sp = sparsity_idx if sparsity_idx.dtype == torch.uint8 else sparsity_idx.to(torch.uint8)
+        self.sparsity = sp if sp.is_contiguous() else sp.contiguous()
+
+    def warp_arrays(self) -> list:
+        return [_as_warp(self.cost.view(-1)), _as_warp(self.grad.view(-1, 4), dtype=wp.vec4), _as_warp(self.sparsity.view(-1))]
+
+    def finish(self) -> None:
+        for target, mine in zip(self._targets, (self.cost, self.grad, self.sparsity)):
+            if target.data_ptr() != mine.data_ptr() or target.dtype != mine.dtype:
+                target.copy_(mine)
+
+
+def _check_spheres(query_spheres: torch.Tensor) -> tuple[int, int, int]:
+    if query_spheres.dim() != 4 or query_spheres.shape[-1] != 4:
+        raise ValueError(f"query_spheres must be (b, h, n, 4), got {tuple(query_spheres.shape)}")
+    if query_spheres.dtype != torch.float32:
+        raise ValueError(f"query_spheres must be float32, got {query_spheres.dtype}")
+    b, h, n, _ = query_spheres.shape
+    return int(b), int(h), int(n)
+
+
+def launch_sphere_cost(
+    query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
+    mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx=None,
+    compute_esdf: bool = False, compute_grad: bool = True, sign_method=SignMethod.NORMAL,
+) -> None:
+    """Fill out_cost (b,h,n), out_grad (b,h,n,4) and sparsity_idx for SdfMeshWarpPy's cost."""
+    b, h, n = _check_spheres(query_spheres)
+    device = query_spheres.device
+    outs = _Outputs(out_cost, out_grad, sparsity_idx, (b, h, n))
+    spheres = _as_warp(query_spheres.detach().contiguous().view(-1, 4), dtype=wp.vec4)
+    env_arr, use_env = _env_query(env_query_idx, b, device)
+    world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
+    inputs = [
+        spheres, _as_warp(_scalar(weight, device)), _as_warp(_scalar(activation_distance, device)),
+        _as_warp(_scalar(max_dist, device)), *world, env_arr, use_env, h * n,
+        int(SignMethod.parse(sign_method)), int(bool(compute_esdf)), int(bool(compute_grad)),
+    ]
+    _launch(kernels.sphere_cost_kernel, b * h * n, inputs, outs.warp_arrays(), device)
+    outs.finish()
+
+
+def launch_swept_sphere_cost(
+    query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt, mesh_idx,
+    mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps: int = 1,
+    enable_speed_metric: bool = False, env_query_idx=None, compute_grad: bool = True,
+    sign_method=SignMethod.NORMAL,
+) -> None:
+    """Fill the outputs with SweptSdfMeshWarpPy's cost (design.md section 4)."""
+    b, h, n = _check_spheres(query_spheres)
+    if int(sweep_steps) < 0:
+        raise ValueError(f"sweep_steps must be >= 0, got {sweep_steps}")
+    device = query_spheres.device
+    outs = _Outputs(out_cost, out_grad, sparsity_idx, (b, h, n))
+    spheres = _as_warp(query_spheres.detach().contiguous().view(-1, 4), dtype=wp.vec4)
+    env_arr, use_env = _env_query(env_query_idx, b, device)
+    world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
+    inputs = [
+        spheres, _as_warp(_scalar(weight, device)), _as_warp(_scalar(activation_distance, device)),
+        _as_warp(_scalar(max_dist, device)), _as_warp(_scalar(speed_dt, device)), *world, env_arr, use_env,
+        h, n, int(sweep_steps), int(bool(enable_speed_metric)), int(SignMethod.parse(sign_method)),
+        int(bool(compute_grad)),
+    ]
+    _launch(kernels.swept_sphere_cost_kernel, b * h * n, inputs, outs.warp_arrays(), device)
+    outs.finish()
+
+
+class SdfMeshWarpPy(torch.autograd.Function):
+    """Collision cost of spheres against the meshes of a world (design.md sections 3-4)."""
+
+    @staticmethod
+    def forward(
+        ctx, query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
+        mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx=None, return_loss=False,
+        compute_esdf=False, sign_method=SignMethod.NORMAL,
+    ):
+        compute_grad = bool(ctx.needs_input_grad[0])
+        launch_sphere_cost(
+            query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
+            mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx,
+            compute_esdf=compute_esdf, compute_grad=compute_grad, sign_method=sign_method,
+        )
+        ctx.save_for_backward(out_grad)
+        ctx.return_loss = return_loss
+        return out_cost
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (out_grad,) = ctx.saved_tensors
+        grad_spheres = None
+        if ctx.needs_input_grad[0]:
+            # out_grad[..., 3] is zero, so the radius gets no gradient.
+            grad_spheres = grad_output.unsqueeze(-1) * out_grad
+        return (grad_spheres,) + (None,) * 14
+
+
+class SweptSdfMeshWarpPy(torch.autograd.Function):
+    """Swept collision cost along trajectories (b, h steps, n spheres) (design.md section 4)."""
+
+    @staticmethod
+    def forward(
+        ctx, query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,
+        mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps=1,
+        enable_speed_metric=False, env_query_idx=None, return_loss=False, sign_method=SignMethod.NORMAL,
+    ):
+        compute_grad = bool(ctx.needs_input_grad[0])
+        launch_swept_sphere_cost(
+            query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,
+            mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps,
+            enable_speed_metric, env_query_idx, compute_grad=compute_grad, sign_method=sign_method,
+        )
+        ctx.save_for_backward(out_grad)
+        return out_cost
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (out_grad,) = ctx.saved_tensors
+        grad_spheres = None
+        if ctx.needs_input_grad[0]:
+            grad_spheres = grad_output.unsqueeze(-1) * out_grad
+        return (grad_spheres,) + (None,) * 16

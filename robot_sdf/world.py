@@ -1,0 +1,371 @@
+"""MeshWorld: the Warp meshes of every environment and the tensors the kernels read.
+
+Concurrency model: every mutation validates first, prepares what it needs (a BVH build happens
+here, without blocking readers) and then publishes a new immutable WorldSnapshot with one
+reference assignment. A reader holding a snapshot therefore always sees one consistent world.
+The only in-place change is a vertex refit (same topology), which takes the reader/writer lock
+briefly; evaluations through this class hold the read side while their kernels run.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import torch
+import warp as wp
+
+from robot_sdf import geometry
+from robot_sdf.types import POSE_INVERSE_SIZE, SignMethod, WorldSnapshot
+from robot_sdf.warp_primitives import init_warp, warp_device
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """'auto' -> cuda:0 when torch and Warp both see a GPU, else cpu; otherwise torch.device(device)."""
+    if str(device) == "auto":
+        init_warp()
+        if torch.cuda.is_available() and wp.get_cuda_device_count() > 0:
+            return torch.device("cuda", 0)
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"invalid device {device!r}: expected auto, cpu or cuda[:N]") from exc
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} requested but CUDA is not available to torch")
+        dev = torch.device("cuda", dev.index or 0)
+    elif dev.type != "cpu":
+        raise ValueError(f"unsupported device {device!r}: expected auto, cpu or cuda[:N]")
+    return dev
+
+
+class _Geometry:
+    """One Warp mesh, shared by every slot whose vertices and triangles are byte-identical."""
+
+    def __init__(self, key: bytes, vertices: np.ndarray, triangles: np.ndarray, device: torch.device,
+                 winding_number: bool):
+        self.key = key
+        self.vertices = vertices
+        self.triangles = triangles
+        self.radius = geometry.bounding_radius(vertices)
+        wdev = warp_device(device)
+        self.points = wp.array(vertices, dtype=wp.vec3, device=wdev)
+        self.indices = wp.array(triangles.reshape(-1), dtype=wp.int32, device=wdev)
+        self.mesh = wp.Mesh(points=self.points, indices=self.indices, support_winding_number=winding_number)
+        self.users = 0
+
+
+@dataclass
+class _Slot:
+    name: str
+    geometry: _Geometry
+    pose: np.ndarray  # (7,) float64, mesh in world
+    enabled: bool
+
+
+def _content_key(vertices: np.ndarray, triangles: np.ndarray) -> bytes:
+    h = hashlib.blake2b(digest_size=20)
+    h.update(np.int64(vertices.shape[0]).tobytes())
+    h.update(vertices.tobytes())
+    h.update(triangles.tobytes())
+    return h.digest()
+
+
+class _ReadWriteLock:
+    """Many readers or one writer; used only around in-place refits."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writing = False
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        with self._cond:
+            while self._writing:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if self._readers == 0:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        with self._cond:
+            while self._writing or self._readers:
+                self._cond.wait()
+            self._writing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
+
+class MeshWorld:
+    """Triangle-mesh obstacles in ``num_envs`` environments, kept on ``device`` for Warp.
+
+    Args:
+        device: "auto", "cpu", "cuda" or "cuda:N".
+        num_envs: number of independent environments (batch rows pick one with env_index).
+        mesh_capacity: initial slots per environment; grows (doubling) when full.
+        sign_method: SignMethod or its name ("normal", "default", "winding_number", "parity").
+        max_distance: default search distance outside meshes (m) for the evaluation methods.
+        geometry_cache_size: unused geometries kept for re-adding identical meshes without a rebuild.
+    """
+
+    def __init__(self, device: str | torch.device = "auto", num_envs: int = 1, mesh_capacity: int = 8,
+                 sign_method: SignMethod | str = SignMethod.NORMAL, max_distance: float = 0.5,
+                 geometry_cache_size: int = 32):
+        if int(num_envs) < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        if int(mesh_capacity) < 1:
+            raise ValueError(f"mesh_capacity must be >= 1, got {mesh_capacity}")
+        if not (np.isfinite(max_distance) and max_distance > 0):
+            raise ValueError(f"max_distance must be a positive number of metres, got {max_distance}")
+        self.device = resolve_device(device)
+        self.sign_method = SignMethod.parse(sign_method)
+        self.max_distance = float(max_distance)
+        self.num_envs = int(num_envs)
+        init_warp()
+        self._write_lock = threading.RLock()
+        self._refit_lock = _ReadWriteLock()
+        self._slots: list[list[_Slot]] = [[] for _ in range(self.num_envs)]
+        self._geometries: dict[bytes, _Geometry] = {}
+        self._unused: OrderedDict[bytes, _Geometry] = OrderedDict()
+        self._cache_size = int(geometry_cache_size)
+        self._capacity = int(mesh_capacity)
+        self._revision = 0
+        self._snapshot = self._build_snapshot()
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def revision(self) -> int:
+        return self._snapshot.revision
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    def snapshot(self) -> WorldSnapshot:
+        """The current consistent view (cheap: no copy)."""
+        return self._snapshot
+
+    @contextmanager
+    def reading(self) -> Iterator[WorldSnapshot]:
+        """Hold off in-place refits while evaluating against the yielded snapshot."""
+        with self._refit_lock.read():
+            yield self._snapshot
+
+    def has_mesh(self, name: str, env: int = 0) -> bool:
+        self._check_env(env)
+        return self._find(name, env) is not None
+
+    def mesh_names(self, env: int = 0) -> list[str]:
+        self._check_env(env)
+        return [s.name for s in self._slots[env]]
+
+    def mesh_count(self) -> int:
+        return sum(len(s) for s in self._slots)
+
+    def mesh_geometry(self, name: str, env: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+        """(vertices (V,3) float32, triangles (T,3) int32, pose (7,) float64, enabled) of a mesh."""
+        slot = self._require(name, env)
+        return slot.geometry.vertices, slot.geometry.triangles, slot.pose.copy(), slot.enabled
+
+    # ------------------------------------------------------------------ mutations
+    def add_mesh(self, name: str, vertices, triangles, pose=None, env: int = 0, enabled: bool = True) -> int:
+        """Add a mesh, or replace the geometry, pose and enable flag of an existing ``name``.
+
+        vertices (V,3) m in the mesh frame; triangles (T,3) vertex indices, counter-clockwise seen
+        from outside; pose (7,) the mesh frame in the world. Returns the new revision.
+        """
+        self._check_name(name)
+        self._check_env(env)
+        v = geometry.validate_vertices(vertices)
+        t = geometry.validate_triangles(triangles, v.shape[0])
+        _check_area(v, t)
+        p = geometry.validate_pose(pose)
+        key = _content_key(v, t)
+        with self._write_lock:
+            geo = self._acquire_geometry(key, v, t)
+            slot = self._find(name, env)
+            if slot is None:
+                self._slots[env].append(_Slot(name, geo, p, bool(enabled)))
+                if len(self._slots[env]) > self._capacity:
+                    self._capacity = max(self._capacity * 2, len(self._slots[env]))
+            else:
+                old = slot.geometry
+                slot.geometry, slot.pose, slot.enabled = geo, p, bool(enabled)
+                self._release_geometry(old)
+            return self._publish()
+
+    def remove_mesh(self, name: str, env: int = 0) -> int:
+        with self._write_lock:
+            slot = self._require(name, env)
+            self._slots[env].remove(slot)
+            self._release_geometry(slot.geometry)
+            return self._publish()
+
+    def set_pose(self, name: str, pose, env: int = 0) -> int:
+        """Move a mesh: only the inverse-pose tensor changes."""
+        p = geometry.validate_pose(pose)
+        with self._write_lock:
+            self._require(name, env).pose = p
+            return self._publish()
+
+    def set_enabled(self, name: str, enabled: bool, env: int = 0) -> int:
+        with self._write_lock:
+            self._require(name, env).enabled = bool(enabled)
+            return self._publish()
+
+    def update_vertices(self, name: str, vertices, env: int = 0) -> int:
+        """New vertex positions (V,3) with the same topology: the BVH is refit, not rebuilt.
+
+        If the geometry is shared with other slots (identical content), those keep the old shape
+        and this slot gets its own copy.
+        """
+        v = geometry.validate_vertices(vertices)
+        with self._write_lock:
+            slot = self._require(name, env)
+            old = slot.geometry
+            if v.shape != old.vertices.shape:
+                raise ValueError(
+                    f"update_vertices: {name!r} has {old.vertices.shape[0]} vertices, got {v.shape[0]}; "
+                    "use add_mesh to change topology"
+                )
+            _check_area(v, old.triangles)
+            key = _content_key(v, old.triangles)
+            if old.users > 1 or key in self._geometries or key in self._unused:
+                slot.geometry = self._acquire_geometry(key, v, old.triangles)
+                self._release_geometry(old)
+            else:
+                # Readers must see the refit vertices and the matching bounding radius together.
+                with self._refit_lock.write():
+                    old.points.assign(wp.array(v, dtype=wp.vec3, device=old.points.device))
+                    old.mesh.refit()
+                    del self._geometries[old.key]
+                    old.key, old.vertices, old.radius = key, v, geometry.bounding_radius(v)
+                    self._geometries[key] = old
+                    return self._publish()
+            return self._publish()
+
+    # ------------------------------------------------------------------ internals
+    def _check_env(self, env) -> None:
+        if not isinstance(env, (int, np.integer)) or isinstance(env, bool) or not 0 <= int(env) < self.num_envs:
+            raise ValueError(f"env {env!r} out of range: this world has {self.num_envs} environment(s)")
+
+    @staticmethod
+    def _check_name(name) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"mesh id must be a non-empty string, got {name!r}")
+
+    def _find(self, name: str, env: int) -> _Slot | None:
+        for slot in self._slots[env]:
+            if slot.name == name:
+                return slot
+        return None
+
+    def _require(self, name: str, env: int) -> _Slot:
+        self._check_env(env)
+        slot = self._find(name, env)
+        if slot is None:
+            raise KeyError(f"no mesh {name!r} in env {env}")
+        return slot
+
+    def _acquire_geometry(self, key: bytes, v: np.ndarray, t: np.ndarray) -> _Geometry:
+        geo = self._geometries.get(key)
+        if geo is None:
+            geo = self._unused.pop(key, None)
+            if geo is None:
+                geo = _Geometry(key, v, t, self.device, self.sign_method == SignMethod.WINDING_NUMBER)
+            self._geometries[key] = geo
+        geo.users += 1
+        return geo
+
+    def _release_geometry(self, geo: _Geometry) -> None:
+        geo.users -= 1
+        if geo.users == 0:
+            del self._geometries[geo.key]
+            self._unused[geo.key] = geo
+            while len(self._unused) > self._cache_size:
+                self._unused.popitem(last=False)
+
+    def _publish(self) -> int:
+        self._revision += 1
+        self._snapshot = self._build_snapshot()
+        return self._revision
+
+    def _build_snapshot(self) -> WorldSnapshot:
+        e, m = self.num_envs, self._capacity
+        ids = np.zeros((e, m), np.int64)
+        pose_inv = np.zeros((e, m, POSE_INVERSE_SIZE), np.float32)
+        pose_inv[:, :, 3] = 1.0
+        enable = np.zeros((e, m), np.uint8)
+        counts = np.zeros(e, np.int32)
+        keep = []
+        for env, slots in enumerate(self._slots):
+            counts[env] = len(slots)
+            for i, slot in enumerate(slots):
+                # Warp ids are uint64 addresses; the int64 tensor holds the same bits.
+                ids[env, i] = np.uint64(slot.geometry.mesh.id).astype(np.int64)
+                pose_inv[env, i, :7] = geometry.pose_inverse(slot.pose)
+                pose_inv[env, i, 7] = slot.geometry.radius
+                enable[env, i] = 1 if slot.enabled else 0
+                keep.append(slot.geometry)
+        dev = self.device
+        return WorldSnapshot(
+            mesh_idx=torch.from_numpy(ids).to(dev),
+            mesh_pose_inverse=torch.from_numpy(pose_inv).to(dev),
+            mesh_enable=torch.from_numpy(enable).to(dev),
+            n_env_mesh=torch.from_numpy(counts).to(dev),
+            revision=self._revision,
+            sign_method=self.sign_method,
+            _keepalive=tuple(keep),
+        )
+
+    # ------------------------------------------------------------------ evaluation (see cost.py)
+    def sphere_cost(self, spheres, activation_distance=0.05, weight=1.0, env_index=None, max_distance=None):
+        from robot_sdf import cost
+        return cost.sphere_cost(self, spheres, activation_distance, weight, env_index, max_distance)
+
+    def swept_sphere_cost(self, spheres, activation_distance=0.05, weight=1.0, sweep_steps=4, speed_dt=0.1,
+                          enable_speed_metric=False, env_index=None, max_distance=None):
+        from robot_sdf import cost
+        return cost.swept_sphere_cost(self, spheres, activation_distance, weight, sweep_steps, speed_dt,
+                                      enable_speed_metric, env_index, max_distance)
+
+    def signed_distance(self, points, env=0, max_distance=None):
+        from robot_sdf import cost
+        return cost.signed_distance(self, points, env, max_distance)
+
+    def evaluate_sphere_cost(self, spheres, activation_distance=0.05, weight=1.0, env_index=None,
+                             max_distance=None, compute_gradient=True, return_revision=False):
+        from robot_sdf import cost
+        return cost.evaluate_sphere_cost(self, spheres, activation_distance, weight, env_index, max_distance,
+                                         compute_gradient, return_revision)
+
+    def evaluate_swept_sphere_cost(self, spheres, activation_distance=0.05, weight=1.0, sweep_steps=4,
+                                   speed_dt=0.1, enable_speed_metric=False, env_index=None, max_distance=None,
+                                   compute_gradient=True, return_revision=False):
+        from robot_sdf import cost
+        return cost.evaluate_swept_sphere_cost(self, spheres, activation_distance, weight, sweep_steps, speed_dt,
+                                               enable_speed_metric, env_index, max_distance, compute_gradient,
+                                               return_revision)
+
+
+def _check_area(vertices: np.ndarray, triangles: np.ndarray) -> None:
+    tri = vertices[triangles].astype(np.float64)
+    area2 = np.linalg.norm(np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0]), axis=1)
+    if not np.any(area2 > 0.0):
+        raise ValueError("mesh has no triangle with non-zero area")
