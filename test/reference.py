@@ -259,30 +259,46 @@ def closest_point_triangles(p: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.n
     return out
 
 
+def _candidate_pairs(points: np.ndarray, vertices: np.ndarray, triangles: np.ndarray, slack: float = 0.0):
+    """Exact closest points on every triangle that can be within `slack` of the nearest one.
+
+    A triangle is skipped only when a bounding-sphere lower bound proves it farther than
+    (an upper bound of the minimum distance) + slack, so the result is the same as checking all
+    triangles. Returns point index (K,), triangle index (K,), closest point (K,3), distance (K,).
+    """
+    points = np.asarray(points, dtype=np.float64).reshape(-1, 3)
+    v = np.asarray(vertices, dtype=np.float64)
+    t = np.asarray(triangles, dtype=np.int64)
+    a, b, c = v[t[:, 0]], v[t[:, 1]], v[t[:, 2]]
+    centre = (a + b + c) / 3.0
+    rad = np.max(np.stack([np.linalg.norm(x - centre, axis=1) for x in (a, b, c)]), axis=0)
+    out_p, out_t = [], []
+    step = max(1, _CHUNK_ELEMENTS // max(1, len(t)))
+    for s in range(0, points.shape[0], step):
+        dc = np.linalg.norm(points[s : s + step, None, :] - centre[None], axis=-1)
+        upper = (dc + rad[None]).min(axis=1)
+        pi, ti = np.nonzero(dc - rad[None] <= upper[:, None] + slack + 1e-12)
+        out_p.append(pi + s)
+        out_t.append(ti)
+    pi = np.concatenate(out_p)
+    ti = np.concatenate(out_t)
+    cp = closest_point_triangles(points[pi], a[ti], b[ti], c[ti])
+    d = np.linalg.norm(points[pi] - cp, axis=-1)
+    return pi, ti, cp, d
+
+
 def closest_point_mesh(points: np.ndarray, vertices: np.ndarray, triangles: np.ndarray):
     """Closest point on a mesh (min over all triangles).
 
     points (N,3), vertices (V,3), triangles (T,3). Returns closest (N,3), distance (N,), tri (N,) int.
     """
     points = np.asarray(points, dtype=np.float64).reshape(-1, 3)
-    v = np.asarray(vertices, dtype=np.float64)
-    t = np.asarray(triangles, dtype=np.int64)
-    a, b, c = v[t[:, 0]][None], v[t[:, 1]][None], v[t[:, 2]][None]
+    pi, ti, cp, d = _candidate_pairs(points, vertices, triangles)
+    order = np.lexsort((d, pi))
+    first = order[np.r_[True, pi[order][1:] != pi[order][:-1]]]
     n = points.shape[0]
-    closest = np.empty((n, 3))
-    dist = np.empty(n)
-    tri = np.empty(n, dtype=np.int64)
-    step = max(1, _CHUNK_ELEMENTS // max(1, len(t)))
-    for s in range(0, n, step):
-        p = points[s : s + step, None, :]
-        cp = closest_point_triangles(p, a, b, c)
-        d2 = np.sum((cp - p) ** 2, axis=-1)
-        k = np.argmin(d2, axis=1)
-        rows = np.arange(len(k))
-        closest[s : s + step] = cp[rows, k]
-        dist[s : s + step] = np.sqrt(d2[rows, k])
-        tri[s : s + step] = k
-    return closest, dist, tri
+    assert np.array_equal(pi[first], np.arange(n))
+    return cp[first], d[first], ti[first]
 
 
 def unsigned_distance(points: np.ndarray, vertices: np.ndarray, triangles: np.ndarray) -> np.ndarray:
@@ -299,19 +315,22 @@ def winding_number(points: np.ndarray, vertices: np.ndarray, triangles: np.ndarr
     points = np.asarray(points, dtype=np.float64).reshape(-1, 3)
     v = np.asarray(vertices, dtype=np.float64)
     t = np.asarray(triangles, dtype=np.int64)
+    tri = [v[t[:, k]].T[:, None, :] for k in range(3)]  # 3 x (3, 1, T): coordinates first
     out = np.empty(points.shape[0])
     step = max(1, _CHUNK_ELEMENTS // max(1, len(t)))
     for s in range(0, points.shape[0], step):
-        p = points[s : s + step, None, :]
-        a = v[t[:, 0]][None] - p
-        b = v[t[:, 1]][None] - p
-        c = v[t[:, 2]][None] - p
-        la = np.linalg.norm(a, axis=-1)
-        lb = np.linalg.norm(b, axis=-1)
-        lc = np.linalg.norm(c, axis=-1)
-        det = _dot(a, np.cross(b, c))
-        den = la * lb * lc + _dot(a, b) * lc + _dot(b, c) * la + _dot(c, a) * lb
-        out[s : s + step] = np.sum(2.0 * np.arctan2(det, den), axis=1) / (4.0 * np.pi)
+        p = points[s : s + step].T[:, :, None]  # (3, P, 1)
+        a, b, c = (x - p for x in tri)  # (3, P, T)
+        la = np.sqrt(a[0] ** 2 + a[1] ** 2 + a[2] ** 2)
+        lb = np.sqrt(b[0] ** 2 + b[1] ** 2 + b[2] ** 2)
+        lc = np.sqrt(c[0] ** 2 + c[1] ** 2 + c[2] ** 2)
+        det = (a[0] * (b[1] * c[2] - b[2] * c[1]) + a[1] * (b[2] * c[0] - b[0] * c[2])
+               + a[2] * (b[0] * c[1] - b[1] * c[0]))
+        ab = a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
+        bc = b[0] * c[0] + b[1] * c[1] + b[2] * c[2]
+        ca = c[0] * a[0] + c[1] * a[1] + c[2] * a[2]
+        den = la * lb * lc + ab * lc + bc * la + ca * lb
+        out[s : s + step] = np.sum(np.arctan2(det, den), axis=1) / (2.0 * np.pi)
     return out
 
 
@@ -462,10 +481,12 @@ def sphere_cost(spheres: np.ndarray, envs: list[list[RefMesh]], eta: float, weig
 
 def swept_sphere_cost(spheres: np.ndarray, envs: list[list[RefMesh]], eta: float,
                       weight: float = 1.0, max_dist: float = 0.5, sweep_steps: int = 1,
-                      speed_dt: float = 0.1, enable_speed_metric: bool = False, env_index=None):
+                      speed_dt: float = 0.1, enable_speed_metric: bool = False, env_index=None,
+                      samples_out: list | None = None):
     """Reference of SweptSdfMeshWarpPy (the swept rule of the shared context, then the speed metric).
 
-    spheres (b,h,n,4). Returns cost (b,h,n), grad (b,h,n,3).
+    spheres (b,h,n,4). Returns cost (b,h,n), grad (b,h,n,3). When samples_out is a list, every
+    extra sample is appended to it as ((b, t, k), q (3,)).
     """
     s = np.asarray(spheres, dtype=np.float64)
     cost, grad = sphere_cost(s, envs, eta, weight, max_dist, env_index)
@@ -491,6 +512,8 @@ def swept_sphere_cost(spheres: np.ndarray, envs: list[list[RefMesh]], eta: float
                         for _ in range(sweep_steps):
                             tau = min(tau + max(c, length / sweep_steps), length)
                             q = p + tau * u
+                            if samples_out is not None:
+                                samples_out.append(((bi, t, k), q))
                             ci, gi = point_cost(q[None], np.array([r]), meshes, eta, weight, max_dist)
                             cost[bi, t, k] += ci[0]
                             grad[bi, t, k] += gi[0]
@@ -521,7 +544,7 @@ def speed_metric(cost: np.ndarray, grad: np.ndarray, positions: np.ndarray, dt: 
     vhat = v / np.maximum(speed, 1e-300)[..., None]
     c0 = cost[:, 1:-1]
     g0 = grad[:, 1:-1]
-    kappa = acc / np.maximum(speed, 1e-300)[..., None] ** 2
+    kappa = acc / np.where(speed > 1e-3, speed, 1.0)[..., None] ** 2
 
     def proj(x: np.ndarray) -> np.ndarray:
         return x - vhat * _dot(vhat, x)[..., None]
@@ -534,40 +557,36 @@ def speed_metric(cost: np.ndarray, grad: np.ndarray, positions: np.ndarray, dt: 
     return cost, grad
 
 
-def closest_point_margin(points: np.ndarray, vertices: np.ndarray, triangles: np.ndarray,
-                         same_point_tol: float = 1e-7) -> np.ndarray:
-    """How unambiguous the closest point is, per point (N,), in metres.
-
-    The distance gap between the closest point and the nearest *different* candidate (a closest
-    point of another triangle that lies farther than same_point_tol from it; triangles that share
-    the closest edge or vertex give the same point and do not count). Small values mark the medial
-    axis, where the gradient of the distance jumps. inf when no other candidate exists.
+def gradient_ambiguity(points: np.ndarray, vertices: np.ndarray, triangles: np.ndarray,
+                       delta: float = 1e-4) -> np.ndarray:
+    """How much the distance gradient could change if the closest point were picked among near
+    ties, per point (N,): max |g_j - g_best| over triangles j whose distance is within `delta` of
+    the minimum, g = (p - c)/|p - c| (unsigned). Large on medial axes (where the gradient jumps),
+    0 where the closest point is clear-cut or shared by neighbouring triangles.
     """
     points = np.asarray(points, dtype=np.float64).reshape(-1, 3)
-    v = np.asarray(vertices, dtype=np.float64)
-    t = np.asarray(triangles, dtype=np.int64)
-    a, b, c = v[t[:, 0]][None], v[t[:, 1]][None], v[t[:, 2]][None]
-    out = np.empty(points.shape[0])
-    step = max(1, _CHUNK_ELEMENTS // max(1, len(t)))
-    for s in range(0, points.shape[0], step):
-        p = points[s : s + step, None, :]
-        cp = closest_point_triangles(p, a, b, c)
-        d = np.linalg.norm(cp - p, axis=-1)
-        k = np.argmin(d, axis=1)
-        rows = np.arange(len(k))
-        best_c = cp[rows, k]
-        other = np.linalg.norm(cp - best_c[:, None], axis=-1) > same_point_tol
-        d_other = np.where(other, d, np.inf).min(axis=1)
-        out[s : s + step] = d_other - d[rows, k]
+    pi, _, cp, d = _candidate_pairs(points, vertices, triangles, slack=delta)
+    g = (points[pi] - cp) / np.maximum(d, 1e-300)[:, None]
+    n = points.shape[0]
+    best = np.full(n, np.inf)
+    np.minimum.at(best, pi, d)
+    order = np.lexsort((d, pi))
+    first = order[np.r_[True, pi[order][1:] != pi[order][:-1]]]
+    g_best = np.empty((n, 3))
+    g_best[pi[first]] = g[first]
+    near = d <= best[pi] + delta
+    jump = np.where(near, np.linalg.norm(g - g_best[pi], axis=1), 0.0)
+    out = np.zeros(n)
+    np.maximum.at(out, pi, jump)
     return out
 
 
-def world_margin(points: np.ndarray, meshes: list[RefMesh]) -> np.ndarray:
-    """min over the enabled meshes of closest_point_margin, evaluated in each mesh frame. (N,)"""
+def world_gradient_ambiguity(points: np.ndarray, meshes: list[RefMesh], delta: float = 1e-4) -> np.ndarray:
+    """max over the enabled meshes of gradient_ambiguity, evaluated in each mesh frame. (N,)"""
     points = np.asarray(points, dtype=np.float64).reshape(-1, 3)
-    out = np.full(points.shape[0], np.inf)
+    out = np.zeros(points.shape[0])
     for m in meshes:
         if m.enabled:
             local = transform_points(pose_inverse(m.pose), points)
-            out = np.minimum(out, closest_point_margin(local, m.vertices, m.triangles))
+            out = np.maximum(out, gradient_ambiguity(local, m.vertices, m.triangles, delta))
     return out

@@ -255,3 +255,26 @@ def test_speed_metric_formula():
     np.testing.assert_allclose(g[0, 1, 0], s * (P @ grad[0, 1, 0] - 2.0 * P @ (a / s**2)))
     np.testing.assert_array_equal(c[0, [0, 2]], cost[0, [0, 2]])
     np.testing.assert_array_equal(g[0, [0, 2]], grad[0, [0, 2]])
+
+
+def test_pruned_closest_point_equals_all_triangles():
+    rng = np.random.default_rng(6)
+    v, t = ref.icosphere(0.3, 2)
+    pts = rng.uniform(-0.6, 0.6, size=(400, 3))
+    a, b, c = v[t[:, 0]][None], v[t[:, 1]][None], v[t[:, 2]][None]
+    cp = ref.closest_point_triangles(pts[:, None], a, b, c)
+    d_all = np.linalg.norm(cp - pts[:, None], axis=-1).min(axis=1)
+    np.testing.assert_array_equal(ref.closest_point_mesh(pts, v, t)[1], d_all)
+
+
+def test_gradient_ambiguity_marks_medial_axis():
+    v, t = ref.box((1.0, 1.0, 1.0))
+    pts = np.array([
+        [0.2, 0.2, 0.0],  # inside, equidistant from the +x and +y faces: gradient jumps
+        [0.3, 0.1, 0.0],  # inside, clearly closest to +x
+        [0.9, 0.0, 0.0],  # outside over a face: the closest point is clear-cut
+        [0.9, 0.9, 0.0],  # outside, closest to an edge shared by four triangles: not ambiguous
+    ])
+    amb = ref.gradient_ambiguity(pts, v, t, delta=1e-6)
+    assert amb[0] > 1.0
+    np.testing.assert_allclose(amb[1:], 0.0, atol=1e-9)

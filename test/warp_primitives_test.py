@@ -72,10 +72,29 @@ def np_(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().double().numpy()
 
 
-def grad_mask(spheres: np.ndarray, meshes: list[ref.RefMesh], margin: float = 2e-3) -> np.ndarray:
-    """Spheres whose closest points are unambiguous (away from medial axes): shape spheres[..., 0]."""
-    m = ref.world_margin(spheres[..., :3].reshape(-1, 3), meshes)
-    return (m > margin).reshape(spheres.shape[:-1])
+def grad_mask(spheres: np.ndarray, meshes: list[ref.RefMesh], delta: float = 2e-6,
+              max_jump: float = 1e-4) -> np.ndarray:
+    """Spheres whose distance gradients are well defined (off medial axes): shape spheres[..., 0].
+
+    A float32 closest-point search may pick any triangle within ~1e-6 of the minimum; where
+    near-tied candidates disagree on the gradient, the reference and the kernel may differ."""
+    a = ref.world_gradient_ambiguity(spheres[..., :3].reshape(-1, 3), meshes, delta)
+    return (a <= max_jump).reshape(spheres.shape[:-1])
+
+
+def smooth_mask(spheres: np.ndarray, meshes: list[ref.RefMesh], h: float, tol: float = 0.02) -> np.ndarray:
+    """Spheres around which every mesh's distance gradient stays within tol over the +-h
+    central-difference stencil (no medial axis crossed): shape spheres[..., 0]."""
+    p = spheres[..., :3].reshape(-1, 3)
+    ok = np.ones(len(p), dtype=bool)
+    for m in meshes:
+        g0 = m.signed_distance_world(p)[1]
+        for axis in range(3):
+            for sign in (-1.0, 1.0):
+                q = p.copy()
+                q[:, axis] += sign * h
+                ok &= np.linalg.norm(m.signed_distance_world(q)[1] - g0, axis=1) < tol
+    return ok.reshape(spheres.shape[:-1])
 
 
 @pytest.fixture(scope="module")
@@ -314,7 +333,7 @@ def test_finite_difference_gradient(device, meshes):
     sd = np.stack([m.signed_distance_world(s[..., :3].reshape(-1, 3))[0] for m in meshes])
     d = s[..., 3].reshape(-1)[None] + ETA - sd
     near_border = np.any((np.abs(d) < 4 * h) | (np.abs(d - ETA) < 4 * h), axis=0)
-    ok = (~near_border) & (grad_mask(s, meshes, margin=1e-2).reshape(-1)) & (d.max(0) > 0)
+    ok = (~near_border) & smooth_mask(s, meshes, h).reshape(-1) & (d.max(0) > 0)
     s = s[:, :, ok]
     assert s.shape[2] > 30
     for esdf in (False, True):

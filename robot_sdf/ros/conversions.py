@@ -220,12 +220,14 @@ def triangle_points(vertices: np.ndarray, triangles: np.ndarray) -> list[Point]:
 
 
 def mesh_marker(ns: str, marker_id: int, frame_id: str, points: list[Point], pose,
-                enabled: bool) -> Marker:
+                enabled: bool, name: str = "") -> Marker:
     """TRIANGLE_LIST marker of one mesh: ``points`` from triangle_points(), ``pose`` (7,) places them.
 
-    Enabled meshes are drawn opaque orange, disabled ones translucent grey.
+    Enabled meshes are drawn opaque orange, disabled ones translucent grey. ``name`` (the
+    obstacle id) goes into ``text``, which rviz ignores for triangle lists, so tools can tell
+    the markers apart.
     """
-    m = Marker(ns=ns, id=int(marker_id), type=Marker.TRIANGLE_LIST, action=Marker.ADD)
+    m = Marker(ns=ns, id=int(marker_id), type=Marker.TRIANGLE_LIST, action=Marker.ADD, text=name)
     m.header.frame_id = frame_id
     m.pose = array_to_pose(pose)
     m.scale.x = m.scale.y = m.scale.z = 1.0

@@ -249,6 +249,4 @@ def declare_and_validate(node) -> ServerConfig:
         values[spec.name] = param.value
     if errors:
         raise ConfigError("; ".join(errors))
-    if isinstance(values["slice_center"], tuple):  # pragma: no cover - rclpy version dependent
-        values["slice_center"] = list(values["slice_center"])
     return validate_values(values)

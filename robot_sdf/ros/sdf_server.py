@@ -15,9 +15,10 @@ Input policy: every message is checked before the world changes; a bad one is lo
 reason and dropped whole. Poses must carry ``header.frame_id == world_frame`` (no tf lookups);
 quaternions within 1e-3 of unit length are renormalised, anything else (zero, NaN) is rejected by
 the world's validation. Threads: mesh updates (which may build a BVH) run in their own callback
-group, pose updates in another, service requests in a third and the periodic publishers in a
-fourth, on a MultiThreadedExecutor; MeshWorld publishes immutable snapshots, so a request reads one
-consistent world state and is never queued behind a BVH build.
+group, pose updates in another, service requests in a reentrant third (concurrent requests run
+in parallel) and the periodic publishers in a fourth, on a MultiThreadedExecutor. MeshWorld
+serialises its writers and publishes immutable snapshots, so a request reads one consistent world
+state (its revision is returned) and is never queued behind a BVH build.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ import numpy as np
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from geometry_msgs.msg import PoseStamped
-from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -139,7 +140,7 @@ class SdfServer(Node):
 
         mesh_group = MutuallyExclusiveCallbackGroup()
         pose_group = MutuallyExclusiveCallbackGroup()
-        query_group = MutuallyExclusiveCallbackGroup()
+        query_group = ReentrantCallbackGroup()
         timer_group = MutuallyExclusiveCallbackGroup()
 
         self.create_subscription(MeshObstacle, "~/mesh_obstacles", self._on_mesh_obstacle, MESH_QOS,
@@ -166,7 +167,7 @@ class SdfServer(Node):
                             self._on_swept_sphere_cost, callback_group=query_group)
         self.create_service(QuerySignedDistance, "~/query_signed_distance",
                             self._on_query_signed_distance, callback_group=query_group)
-        n_scene = sum(len(self.world.mesh_names(e)) for e in range(cfg.num_envs))
+        n_scene = self.world.mesh_count()
         self.get_logger().info(
             f"ready: device={self.world.device}, sign_method={cfg.sign_method}, "
             f"num_envs={cfg.num_envs}, world_frame='{cfg.world_frame}', "
@@ -179,14 +180,14 @@ class SdfServer(Node):
         """Load the scene file into the world; return pose topic -> [(obstacle id, env)]."""
         if not path:
             return {}
-        from robot_sdf.scene import apply_scene, load_scene
+        from robot_sdf.scene import apply_scene, load_scene, scene_frame
 
         try:
             specs = load_scene(path)
-            for spec in specs:
-                if not 0 <= spec.env < self.config.num_envs:
-                    raise ValueError(f"obstacle '{spec.id}' has env {spec.env}, num_envs is "
-                                     f"{self.config.num_envs}")
+            frame = scene_frame(path)
+            if frame != self.config.world_frame:
+                raise ValueError(f"its frame '{frame}' is not world_frame "
+                                 f"'{self.config.world_frame}'")
             apply_scene(self.world, specs)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"cannot load scene_file '{path}': {exc}") from exc
@@ -221,7 +222,8 @@ class SdfServer(Node):
         except Exception as exc:  # noqa: BLE001 - a topic callback must not kill the node
             self._reject(what, f"internal error {type(exc).__name__}: {exc}")
         else:
-            self.get_logger().info(f"{what}: {done}") if done else None
+            if done:
+                self.get_logger().info(f"{what}: {done}")
 
     def _check_target(self, frame_id: str, obstacle_id: str, env: int, must_exist: bool) -> None:
         if frame_id != self.config.world_frame:
@@ -354,9 +356,9 @@ class SdfServer(Node):
         def compute(resp) -> None:
             spheres, env_index = self._spheres(request)
             eta, weight = self._cost_scalars(request)
-            (cost, grad), rev = self._evaluate(
-                self.world.evaluate_sphere_cost, spheres, activation_distance=eta, weight=weight,
-                env_index=env_index, compute_gradient=bool(request.compute_gradient))
+            cost, grad, rev = self.world.evaluate_sphere_cost(
+                spheres, activation_distance=eta, weight=weight, env_index=env_index,
+                compute_gradient=bool(request.compute_gradient), return_revision=True)
             self._fill_cost(resp, request, spheres, cost, grad, rev)
 
         return self._serve("evaluate_sphere_cost", response, compute)
@@ -372,12 +374,11 @@ class SdfServer(Node):
             dt = float(request.speed_dt)
             if request.enable_speed_metric and not (math.isfinite(dt) and dt > 0):
                 raise RequestError(f"speed_dt must be > 0 with enable_speed_metric, got {dt}")
-            (cost, grad), rev = self._evaluate(
-                self.world.evaluate_swept_sphere_cost, spheres, activation_distance=eta,
-                weight=weight, sweep_steps=steps,
+            cost, grad, rev = self.world.evaluate_swept_sphere_cost(
+                spheres, activation_distance=eta, weight=weight, sweep_steps=steps,
                 speed_dt=dt if request.enable_speed_metric else _UNUSED_SPEED_DT,
                 enable_speed_metric=bool(request.enable_speed_metric), env_index=env_index,
-                compute_gradient=bool(request.compute_gradient))
+                compute_gradient=bool(request.compute_gradient), return_revision=True)
             self._fill_cost(resp, request, spheres, cost, grad, rev)
 
         return self._serve("evaluate_swept_sphere_cost", response, compute)
@@ -406,17 +407,13 @@ class SdfServer(Node):
             max_d = self._scalar_or_default(request.max_distance, self.config.max_distance,
                                             "max_distance")
             points = self._torch.from_numpy(flat.reshape(n, 3)).to(self.world.device)
-            (dist, grad), rev = self._evaluate(self.world.signed_distance, points, env=env,
-                                               max_distance=max_d)
+            (dist, grad), rev = _call_with_revision(self.world, self.world.signed_distance, points,
+                                                    env=env, max_distance=max_d)
             resp.world_revision = int(rev)
             resp.distance = conv.float32_array(dist.detach().cpu().numpy())
             resp.gradient = conv.float32_array(grad.detach().cpu().numpy())
 
         return self._serve("query_signed_distance", response, compute)
-
-    def _evaluate(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, int]:
-        """Call a world query; return its result and the revision of the world state it used."""
-        return _call_with_revision(self.world, fn, *args, **kwargs)
 
     # ------------------------------------------------------------------ publishers
 
@@ -446,7 +443,7 @@ class SdfServer(Node):
     def _publish_diagnostics(self) -> None:
         try:
             rate, p50, p95 = self._stats.report()
-            n_mesh = sum(len(self.world.mesh_names(e)) for e in range(self.config.num_envs))
+            n_mesh = self.world.mesh_count()
             rev = self.world.revision
             values = {
                 "device": str(self.world.device), "sign_method": self.config.sign_method,
@@ -474,9 +471,10 @@ class SdfServer(Node):
 def _call_with_revision(world, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, int]:
     """Run ``fn`` and name the world revision it saw.
 
-    MeshWorld swaps immutable snapshots, so a query sees exactly one revision; when the revision
-    did not move across the call that is the one. When an update landed during the call the
-    query is repeated (updates are rare next to queries; after 3 tries the latest is reported).
+    For queries without ``return_revision`` (signed_distance). MeshWorld swaps immutable
+    snapshots, so a query sees exactly one revision; when the revision did not move across the
+    call that is the one. When an update landed during the call the query is repeated (updates
+    are rare next to queries; after 3 tries the latest is reported).
     """
     for _ in range(3):
         before = world.revision
@@ -543,7 +541,7 @@ class _MarkerState:
                 if cached is None or cached[0] != fingerprint:
                     cached = (fingerprint, conv.triangle_points(vertices, triangles))
                     self.cache[key] = cached
-                m = conv.mesh_marker(f"env_{env}", marker_id, frame, cached[1], pose, enabled)
+                m = conv.mesh_marker(f"env_{env}", marker_id, frame, cached[1], pose, enabled, name)
                 out.append(m)
         for key in self.shown - now:
             out.append(conv.delete_marker(f"env_{key[0]}", self.ids[key], frame))

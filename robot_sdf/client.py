@@ -1,0 +1,368 @@
+"""Client of the ``sdf_server`` services for MPC code: torch tensors in, torch tensors out.
+
+    from robot_sdf.client import SdfClient, remote_sphere_cost
+    client = SdfClient()                      # own rclpy node, spun in a background thread
+    client.wait_for_services(10.0)
+    res = client.sphere_cost(spheres)         # spheres (b,h,n,4) x,y,z,r [m], world frame
+    res.cost, res.gradient, res.world_revision, res.latency_s
+    cost = remote_sphere_cost(client, spheres.requires_grad_())   # autograd through the service
+    cost.sum().backward()
+
+With ``node=...`` the client uses that node instead; it must then be spun by an executor in
+another thread (the synchronous calls wait for the response). Whole-buffer conversions only:
+tensors become ``array.array`` via one ``tobytes`` copy, responses become tensors via
+``np.frombuffer``.
+"""
+from __future__ import annotations
+
+import array
+import concurrent.futures
+import itertools
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+import rclpy
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.node import Node
+
+from robot_sdf_interfaces.srv import EvaluateSphereCost, EvaluateSweptSphereCost, QuerySignedDistance
+
+_counter = itertools.count()
+# How often pending requests are checked for their deadline [s].
+_WATCHDOG_PERIOD_S = 0.05
+
+
+class SdfServiceError(RuntimeError):
+    """The service answered success=false, or did not answer within the timeout."""
+
+
+@dataclass
+class CostResult:
+    """Result of a cost request.
+
+    cost: (b,h,n) float32; gradient: (b,h,n,3) float32 d cost / d x,y,z, or None when not
+    requested; both on the device of the request's spheres. world_revision: revision of the
+    world state the server used. latency_s: request to response, seconds.
+    """
+
+    cost: torch.Tensor
+    gradient: torch.Tensor | None
+    world_revision: int
+    latency_s: float
+
+
+@dataclass
+class DistanceResult:
+    """Result of query_signed_distance: distance (n,), gradient (n,3), world_revision."""
+
+    distance: torch.Tensor
+    gradient: torch.Tensor
+    world_revision: int
+
+    def __iter__(self):  # allows ``distance, gradient, revision = client.signed_distance(...)``
+        return iter((self.distance, self.gradient, self.world_revision))
+
+
+def _float_field(t: torch.Tensor) -> array.array:
+    return array.array("f", t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+
+
+def _tensor(field: array.array, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    a = np.frombuffer(field, dtype=np.float32) if len(field) else np.zeros(0, np.float32)
+    expected = int(np.prod(shape))
+    if a.size != expected:
+        raise SdfServiceError(f"response holds {a.size} values, expected {expected}")
+    return torch.from_numpy(a.reshape(shape)).to(like.device)
+
+
+class SdfClient:
+    """Synchronous and asynchronous access to the three sdf_server services.
+
+    node: an rclpy Node to create the service clients on (spun by its owner), or None to create
+    and spin a private node (rclpy is initialised when needed). server: the server node's fully
+    qualified name. timeout_s: default time to wait for a response.
+    """
+
+    def __init__(self, node: Node | None = None, server: str = "/sdf_server",
+                 timeout_s: float = 5.0) -> None:
+        self.timeout_s = float(timeout_s)
+        self._own = node is None
+        self._executor: SingleThreadedExecutor | None = None
+        self._thread: threading.Thread | None = None
+        if node is None:
+            if not rclpy.ok():
+                rclpy.init()
+            node = rclpy.create_node(f"sdf_client_{os.getpid()}_{next(_counter)}")
+        self.node = node
+        base = server.rstrip("/")
+        self._clients = {
+            EvaluateSphereCost: node.create_client(EvaluateSphereCost, f"{base}/evaluate_sphere_cost"),
+            EvaluateSweptSphereCost: node.create_client(
+                EvaluateSweptSphereCost, f"{base}/evaluate_swept_sphere_cost"),
+            QuerySignedDistance: node.create_client(QuerySignedDistance, f"{base}/query_signed_distance"),
+        }
+        self._lock = threading.Lock()
+        # pending request future -> (rclpy future, client, deadline); failed by the watchdog
+        self._pending: dict[concurrent.futures.Future, tuple[Any, Any, float]] = {}
+        self._watchdog = node.create_timer(_WATCHDOG_PERIOD_S, self._expire)
+        if self._own:
+            self._executor = SingleThreadedExecutor(context=node.context)
+            self._executor.add_node(node)
+            self._thread = threading.Thread(target=self._spin, name="sdf_client_spin", daemon=True)
+            self._thread.start()
+
+    def _spin(self) -> None:
+        try:
+            self._executor.spin()
+        except Exception:  # noqa: BLE001 - context shut down underneath us: nothing to serve
+            pass
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def wait_for_services(self, timeout_s: float | None = None) -> bool:
+        """Wait until all three services are available; False after ``timeout_s`` seconds."""
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        for client in self._clients.values():
+            left = deadline - time.monotonic()
+            if left <= 0 or not client.wait_for_service(timeout_sec=left):
+                return False
+        return True
+
+    def close(self) -> None:
+        """Fail pending requests, destroy the service clients (and the private node)."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for fut, (rfut, client, _) in pending.items():
+            client.remove_pending_request(rfut)
+            if not fut.done():
+                fut.set_exception(SdfServiceError("client closed"))
+        self.node.destroy_timer(self._watchdog)
+        for client in self._clients.values():
+            self.node.destroy_client(client)
+        if self._own:
+            self._executor.shutdown(timeout_sec=1.0)
+            self.node.destroy_node()
+            if self._thread is not None:
+                self._thread.join(timeout=2.0)
+
+    def __enter__(self) -> "SdfClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _call_async(self, srv_type, request, convert: Callable[[Any, float], Any],
+                    timeout_s: float | None) -> concurrent.futures.Future:
+        client = self._clients[srv_type]
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        rfut = client.call_async(request)
+
+        def done(rf) -> None:
+            with self._lock:
+                self._pending.pop(fut, None)
+            if fut.done():
+                return
+            try:
+                response = rf.result()
+                if response is None:
+                    raise SdfServiceError(f"{client.service_name}: no response")
+                if not response.success:
+                    raise SdfServiceError(f"{client.service_name}: {response.message}")
+                fut.set_result(convert(response, time.perf_counter() - t0))
+            except Exception as exc:  # noqa: BLE001 - delivered to the caller through the future
+                fut.set_exception(exc if isinstance(exc, SdfServiceError)
+                                  else SdfServiceError(f"{client.service_name}: {exc}"))
+
+        with self._lock:
+            self._pending[fut] = (rfut, client, deadline)
+        rfut.add_done_callback(done)
+        return fut
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            late = [(f, v) for f, v in self._pending.items() if v[2] <= now]
+            for f, _ in late:
+                del self._pending[f]
+        for fut, (rfut, client, _) in late:
+            client.remove_pending_request(rfut)
+            if not fut.done():
+                fut.set_exception(SdfServiceError(f"{client.service_name}: no response within the timeout"))
+
+    def _wait(self, fut: concurrent.futures.Future, timeout_s: float | None):
+        limit = (self.timeout_s if timeout_s is None else timeout_s) + 1.0
+        try:
+            return fut.result(timeout=limit)
+        except concurrent.futures.TimeoutError:
+            # The watchdog did not run (node not spun): fail here instead of hanging.
+            raise SdfServiceError("no response within the timeout (is the client node spun?)") from None
+
+    # ------------------------------------------------------------------ cost requests
+
+    @staticmethod
+    def _fill_cost_request(req, spheres: torch.Tensor, activation_distance: float, weight: float,
+                           env_index, compute_gradient: bool) -> None:
+        if spheres.dim() != 4 or spheres.shape[-1] != 4:
+            raise ValueError(f"spheres must have shape (b,h,n,4), got {tuple(spheres.shape)}")
+        b, h, n, _ = spheres.shape
+        req.batch, req.horizon, req.spheres_per_step = int(b), int(h), int(n)
+        req.spheres = _float_field(spheres)
+        if env_index is not None:
+            e = torch.as_tensor(env_index).detach().to("cpu", torch.int64).reshape(-1).numpy()
+            if e.size and e.min() < 0:
+                raise ValueError("env_index must be >= 0")
+            req.env_index = array.array("I", e.astype(np.uint32).tobytes())
+        req.activation_distance = float(activation_distance)
+        req.weight = float(weight)
+        req.compute_gradient = bool(compute_gradient)
+
+    @staticmethod
+    def _cost_converter(spheres: torch.Tensor, compute_gradient: bool):
+        b, h, n, _ = spheres.shape
+
+        def convert(resp, latency: float) -> CostResult:
+            cost = _tensor(resp.cost, (b, h, n), spheres)
+            grad = _tensor(resp.gradient, (b, h, n, 3), spheres) if compute_gradient else None
+            return CostResult(cost, grad, int(resp.world_revision), latency)
+
+        return convert
+
+    def sphere_cost_async(self, spheres: torch.Tensor, activation_distance: float = 0.0,
+                          weight: float = 0.0, env_index=None, compute_gradient: bool = True,
+                          timeout_s: float | None = None) -> concurrent.futures.Future:
+        """Start an evaluate_sphere_cost request; the future resolves to a CostResult or raises
+        SdfServiceError. spheres (b,h,n,4); activation_distance [m] and weight <= 0 = server
+        default; env_index (b,) ints or None (env 0)."""
+        req = EvaluateSphereCost.Request()
+        self._fill_cost_request(req, spheres, activation_distance, weight, env_index, compute_gradient)
+        return self._call_async(EvaluateSphereCost, req,
+                                self._cost_converter(spheres, compute_gradient), timeout_s)
+
+    def sphere_cost(self, spheres: torch.Tensor, activation_distance: float = 0.0,
+                    weight: float = 0.0, env_index=None, compute_gradient: bool = True,
+                    timeout_s: float | None = None) -> CostResult:
+        """Blocking evaluate_sphere_cost (see sphere_cost_async)."""
+        return self._wait(self.sphere_cost_async(spheres, activation_distance, weight, env_index,
+                                                 compute_gradient, timeout_s), timeout_s)
+
+    def swept_sphere_cost_async(self, spheres: torch.Tensor, sweep_steps: int = 4,
+                                speed_dt: float = 0.1, enable_speed_metric: bool = False,
+                                activation_distance: float = 0.0, weight: float = 0.0,
+                                env_index=None, compute_gradient: bool = True,
+                                timeout_s: float | None = None) -> concurrent.futures.Future:
+        """Start an evaluate_swept_sphere_cost request (spheres (b,h,n,4) trajectories along h;
+        speed_dt [s] between horizon steps); the future resolves to a CostResult."""
+        req = EvaluateSweptSphereCost.Request()
+        self._fill_cost_request(req, spheres, activation_distance, weight, env_index, compute_gradient)
+        req.sweep_steps = int(sweep_steps)
+        req.speed_dt = float(speed_dt)
+        req.enable_speed_metric = bool(enable_speed_metric)
+        return self._call_async(EvaluateSweptSphereCost, req,
+                                self._cost_converter(spheres, compute_gradient), timeout_s)
+
+    def swept_sphere_cost(self, spheres: torch.Tensor, sweep_steps: int = 4, speed_dt: float = 0.1,
+                          enable_speed_metric: bool = False, activation_distance: float = 0.0,
+                          weight: float = 0.0, env_index=None, compute_gradient: bool = True,
+                          timeout_s: float | None = None) -> CostResult:
+        """Blocking evaluate_swept_sphere_cost (see swept_sphere_cost_async)."""
+        return self._wait(self.swept_sphere_cost_async(
+            spheres, sweep_steps, speed_dt, enable_speed_metric, activation_distance, weight,
+            env_index, compute_gradient, timeout_s), timeout_s)
+
+    # ------------------------------------------------------------------ distance queries
+
+    def signed_distance_async(self, points: torch.Tensor, env: int = 0, max_distance: float = 0.0,
+                              timeout_s: float | None = None) -> concurrent.futures.Future:
+        """Start a query_signed_distance request for points (n,3) [m]; resolves to a
+        DistanceResult (distance (n,), gradient (n,3), world_revision)."""
+        points = torch.as_tensor(points)
+        if points.dim() != 2 or points.shape[1] != 3:
+            raise ValueError(f"points must have shape (n,3), got {tuple(points.shape)}")
+        if env < 0:
+            raise ValueError("env must be >= 0")
+        req = QuerySignedDistance.Request()
+        req.points = _float_field(points)
+        req.env = int(env)
+        req.max_distance = float(max_distance)
+        n = int(points.shape[0])
+
+        def convert(resp, latency: float) -> DistanceResult:
+            return DistanceResult(_tensor(resp.distance, (n,), points),
+                                  _tensor(resp.gradient, (n, 3), points), int(resp.world_revision))
+
+        return self._call_async(QuerySignedDistance, req, convert, timeout_s)
+
+    def signed_distance(self, points: torch.Tensor, env: int = 0, max_distance: float = 0.0,
+                        timeout_s: float | None = None) -> DistanceResult:
+        """Blocking query_signed_distance; unpacks as ``distance, gradient, revision``."""
+        return self._wait(self.signed_distance_async(points, env, max_distance, timeout_s), timeout_s)
+
+
+# ---------------------------------------------------------------------- autograd
+
+
+def _pad_grad(grad_output: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
+    """grad_output (b,h,n) * gradient (b,h,n,3) -> (b,h,n,4) with 0 for the radius."""
+    g = grad_output[..., None] * gradient.to(grad_output.dtype)
+    return torch.cat([g, torch.zeros_like(g[..., :1])], dim=-1)
+
+
+class RemoteSphereCost(torch.autograd.Function):
+    """``RemoteSphereCost.apply(spheres, client, activation_distance, weight, env_index)`` ->
+    cost (b,h,n); backward: grad_output[..., None] * server gradient, radius gradient 0."""
+
+    @staticmethod
+    def forward(ctx, spheres, client: SdfClient, activation_distance: float = 0.0,
+                weight: float = 0.0, env_index=None):
+        res = client.sphere_cost(spheres, activation_distance, weight, env_index, compute_gradient=True)
+        ctx.save_for_backward(res.gradient)
+        return res.cost.to(spheres.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (gradient,) = ctx.saved_tensors
+        return _pad_grad(grad_output, gradient), None, None, None, None
+
+
+class RemoteSweptSphereCost(torch.autograd.Function):
+    """``RemoteSweptSphereCost.apply(spheres, client, sweep_steps, speed_dt, enable_speed_metric,
+    activation_distance, weight, env_index)`` -> cost (b,h,n), differentiable w.r.t. spheres."""
+
+    @staticmethod
+    def forward(ctx, spheres, client: SdfClient, sweep_steps: int = 4, speed_dt: float = 0.1,
+                enable_speed_metric: bool = False, activation_distance: float = 0.0,
+                weight: float = 0.0, env_index=None):
+        res = client.swept_sphere_cost(spheres, sweep_steps, speed_dt, enable_speed_metric,
+                                       activation_distance, weight, env_index, compute_gradient=True)
+        ctx.save_for_backward(res.gradient)
+        return res.cost.to(spheres.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (gradient,) = ctx.saved_tensors
+        return (_pad_grad(grad_output, gradient),) + (None,) * 7
+
+
+def remote_sphere_cost(client: SdfClient, spheres: torch.Tensor, activation_distance: float = 0.0,
+                       weight: float = 0.0, env_index=None) -> torch.Tensor:
+    """Differentiable remote sphere cost (b,h,n) of spheres (b,h,n,4)."""
+    return RemoteSphereCost.apply(spheres, client, activation_distance, weight, env_index)
+
+
+def remote_swept_sphere_cost(client: SdfClient, spheres: torch.Tensor, sweep_steps: int = 4,
+                             speed_dt: float = 0.1, enable_speed_metric: bool = False,
+                             activation_distance: float = 0.0, weight: float = 0.0,
+                             env_index=None) -> torch.Tensor:
+    """Differentiable remote swept sphere cost (b,h,n) of trajectories spheres (b,h,n,4)."""
+    return RemoteSweptSphereCost.apply(spheres, client, sweep_steps, speed_dt, enable_speed_metric,
+                                       activation_distance, weight, env_index)

@@ -1,0 +1,222 @@
+"""Helpers for the ROS tests: run sdf_server as a subprocess, talk to it over real rclpy.
+
+Every test module starts the node once (module-scoped fixture) in its own ROS domain (derived
+from the pid and a per-module offset, 1..100) with DDS discovery on loopback, and stops it with
+SIGINT (then SIGKILL). The test side uses its own rclpy Context spun in a background thread.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+TEST_DIR = Path(__file__).resolve().parent
+if str(TEST_DIR) not in sys.path:
+    sys.path.insert(0, str(TEST_DIR))
+
+os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+
+import rclpy  # noqa: E402
+from rclpy.executors import MultiThreadedExecutor  # noqa: E402
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
+
+import reference as ref  # noqa: E402
+
+NODE = "/sdf_server"
+SERVICE_TIMEOUT_S = 30.0
+MESH_QOS = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE,
+                      durability=DurabilityPolicy.TRANSIENT_LOCAL)
+
+
+def domain_id(offset: int) -> int:
+    """A ROS domain id in 1..100 for this process and module (offset per test module)."""
+    return 1 + (os.getpid() * 7 + offset) % 100
+
+
+def ros_env(domain: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(ROS_DOMAIN_ID=str(domain), ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST",
+               PYTHONUNBUFFERED="1", RCUTILS_LOGGING_BUFFERED_STREAM="0",
+               RCUTILS_COLORIZED_OUTPUT="0")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def write_params(path: Path, params: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump({"sdf_server": {"ros__parameters": params}}))
+    return path
+
+
+class NodeProcess:
+    """``python -m robot_sdf.ros.sdf_server --ros-args --params-file <yaml>`` as a subprocess."""
+
+    def __init__(self, params: dict[str, Any], workdir: Path, domain: int) -> None:
+        self.params_file = write_params(workdir / "sdf_server_params.yaml", params)
+        self.log_path = workdir / "sdf_server.log"
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "robot_sdf.ros.sdf_server", "--ros-args", "--params-file",
+             str(self.params_file)],
+            cwd=REPO, env=ros_env(domain), stdout=self._log, stderr=subprocess.STDOUT)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> int:
+        if self.alive():
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self._log.close()
+        return self.proc.returncode
+
+
+class Collector:
+    """Keeps every message of one subscription; wait_for() polls a predicate over them."""
+
+    def __init__(self) -> None:
+        self.messages: list = []
+        self._lock = threading.Lock()
+
+    def __call__(self, msg) -> None:
+        with self._lock:
+            self.messages.append(msg)
+
+    def snapshot(self) -> list:
+        with self._lock:
+            return list(self.messages)
+
+    def wait_for(self, predicate: Callable[[Any], bool], timeout: float = 10.0):
+        """First message (newest first) satisfying predicate, or AssertionError after timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for msg in reversed(self.snapshot()):
+                if predicate(msg):
+                    return msg
+            time.sleep(0.05)
+        raise AssertionError(f"no matching message within {timeout} s ({len(self.messages)} received)")
+
+
+class RosHarness:
+    """A test-side rclpy context + node spun in a background thread."""
+
+    def __init__(self, domain: int, name: str = "sdf_test") -> None:
+        self.context = rclpy.Context()
+        rclpy.init(context=self.context, domain_id=domain)
+        self.node = rclpy.create_node(f"{name}_{os.getpid()}", context=self.context)
+        self.executor = MultiThreadedExecutor(num_threads=2, context=self.context)
+        self.executor.add_node(self.node)
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+        self._thread.start()
+
+    def _spin(self) -> None:
+        try:
+            self.executor.spin()
+        except Exception:  # noqa: BLE001 - context shut down at teardown
+            pass
+
+    def publisher(self, msg_type, topic: str, qos=10):
+        return self.node.create_publisher(msg_type, topic, qos)
+
+    def subscribe(self, msg_type, topic: str, qos=10) -> Collector:
+        collector = Collector()
+        self.node.create_subscription(msg_type, topic, collector, qos)
+        return collector
+
+    def client(self, srv_type, name: str):
+        return self.node.create_client(srv_type, name)
+
+    def call(self, client, request, timeout: float = 20.0):
+        event = threading.Event()
+        future = client.call_async(request)
+        future.add_done_callback(lambda _: event.set())
+        if not event.wait(timeout):
+            client.remove_pending_request(future)
+            raise AssertionError(f"{client.service_name}: no response within {timeout} s")
+        return future.result()
+
+    def close(self) -> None:
+        self.executor.shutdown(timeout_sec=2.0)
+        self.node.destroy_node()
+        rclpy.try_shutdown(context=self.context)
+        self._thread.join(timeout=5.0)
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05,
+               what: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value; return it or raise AssertionError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def wait_for_matched(publisher, timeout: float = 10.0) -> None:
+    wait_until(lambda: publisher.get_subscription_count() > 0, timeout, what="a matched subscriber")
+
+
+def wait_for_services(node_proc: NodeProcess, clients: list, timeout: float = SERVICE_TIMEOUT_S) -> None:
+    """Wait for every service; fail early with the node's log if the process died."""
+    deadline = time.monotonic() + timeout
+    for client in clients:
+        while not client.wait_for_service(timeout_sec=0.2):
+            if not node_proc.alive():
+                raise AssertionError(f"sdf_server exited with {node_proc.proc.returncode}:\n{node_proc.log()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"service {client.service_name} not available:\n{node_proc.log()}")
+
+
+def count_in_log(node_proc: NodeProcess, text: str) -> int:
+    return node_proc.log().count(text)
+
+
+# ---------------------------------------------------------------------------- geometry
+
+
+def box_signed_distance(points: np.ndarray, size, pose) -> np.ndarray:
+    """Exact signed distance (N,) of world points (N,3) to a solid box of ``size`` at ``pose`` (7,)."""
+    local = ref.transform_points(ref.pose_inverse(np.asarray(pose, float)), np.asarray(points, float))
+    q = np.abs(local) - 0.5 * np.asarray(size, float)
+    outside = np.linalg.norm(np.maximum(q, 0.0), axis=1)
+    inside = np.minimum(q.max(axis=1), 0.0)
+    return outside + inside
+
+
+def union_distance(points: np.ndarray, meshes: list, max_distance: float) -> tuple[np.ndarray, np.ndarray]:
+    """Brute-force signed distance to the union of reference meshes, clamped at max_distance.
+
+    Returns distance (N,) and gradient (N,3) (of the closest mesh; unspecified where clamped).
+    """
+    pts = np.asarray(points, float).reshape(-1, 3)
+    best = np.full(len(pts), np.inf)
+    grad = np.zeros((len(pts), 3))
+    for m in meshes:
+        if not m.enabled:
+            continue
+        sd, g = m.signed_distance_world(pts)
+        closer = sd < best
+        best[closer], grad[closer] = sd[closer], g[closer]
+    return np.minimum(best, max_distance), grad
+
+
+def quat_about_z(angle: float) -> np.ndarray:
+    return np.array([np.cos(angle / 2), 0.0, 0.0, np.sin(angle / 2)])
