@@ -344,16 +344,26 @@ def swept_sphere_cost_kernel(
 
 @wp.kernel
 def closest_point_floor_kernel(
-    mesh_ids: wp.array(dtype=wp.uint64),
     points: wp.array(dtype=wp.vec3),
     max_dist: float,
+    mesh_idx: wp.array2d(dtype=wp.int64),
+    pose_inv: wp.array3d(dtype=wp.float32),
+    n_env_mesh: wp.array(dtype=wp.int32),
+    start: int,
+    total: int,
     out_dist: wp.array(dtype=wp.float32),
 ):
-    """Bare unsigned closest-point traversal (the benchmark's floor): min distance over meshes."""
-    tid = wp.tid()
+    """Benchmark floor: bare unsigned closest-point traversal of every mesh of env 0 (same
+    world->mesh transforms as the cost, no sign, no culling); min distance, max_dist if none."""
+    tid = wp.tid() + start
+    if tid >= total:
+        return
     best = max_dist
-    for i in range(mesh_ids.shape[0]):
-        q = wp.mesh_query_point_no_sign(mesh_ids[i], points[tid], max_dist)
-        if q.result:
-            best = wp.min(best, wp.length(points[tid] - wp.mesh_eval_position(mesh_ids[i], q.face, q.u, q.v)))
+    for slot in range(n_env_mesh[0]):
+        t, q = slot_pose(pose_inv, 0, slot)
+        p = wp.quat_rotate(q, points[tid]) + t
+        mesh = wp.uint64(mesh_idx[0, slot])
+        hit = wp.mesh_query_point_no_sign(mesh, p, max_dist)
+        if hit.result:
+            best = wp.min(best, wp.length(p - wp.mesh_eval_position(mesh, hit.face, hit.u, hit.v)))
     out_dist[tid] = best
