@@ -28,7 +28,8 @@ def default_config_path() -> str:
         from ament_index_python.packages import get_package_share_directory
 
         return os.path.join(get_package_share_directory(PACKAGE), "config", CONFIG_NAME)
-    except (ImportError, LookupError):  # PackageNotFoundError is a LookupError
+    # PackageNotFoundError is a LookupError; an unset AMENT_PREFIX_PATH raises OSError.
+    except (ImportError, LookupError, OSError):
         return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                             "config", CONFIG_NAME)
 
@@ -41,8 +42,7 @@ def _node(context, *args, **kwargs) -> list:
         parameters.append({"device": device})
     return [Node(package=PACKAGE, executable=EXECUTABLE, name=EXECUTABLE, output="screen",
                  parameters=parameters,
-                 arguments=["--ros-args", "--log-level",
-                            LaunchConfiguration("log_level").perform(context)])]
+                 ros_arguments=["--log-level", LaunchConfiguration("log_level").perform(context)])]
 
 
 def generate_launch_description() -> LaunchDescription:

@@ -65,7 +65,7 @@ class Server:
             world_frame="world", device="cpu", num_envs=2, mesh_capacity=4, max_distance=MAX_D,
             activation_distance=ETA, weight=1.0, sign_method="default",
             scene_file=str(tmp / "scene.yaml"), marker_rate_hz=20.0, publish_request_markers=True,
-            slice_plane="xy", slice_offset=0.5, slice_center=[0.0, 5.0], slice_size=[1.0, 1.0],
+            slice_plane="xy", slice_offset=0.5, slice_center=[0.0, 5.0], slice_size=[1.6, 1.6],
             slice_resolution=0.05, slice_env=0, slice_rate_hz=10.0, diagnostics_rate_hz=10.0)
         self.node = rh.NodeProcess(self.params, tmp, domain)
         self.sphere = h.client(EvaluateSphereCost, "/sdf_server/evaluate_sphere_cost")
@@ -121,7 +121,7 @@ class Server:
     def close(self) -> None:
         code = self.node.stop()
         self.harness.close()
-        assert code in (0, -2), f"sdf_server exit code {code}:\n{self.node.log()}"
+        assert code == 0, f"sdf_server exit code {code} after SIGINT:\n{self.node.log()}"
 
 
 @pytest.fixture(scope="module")
@@ -237,8 +237,8 @@ def test_services_match_core_and_reference(server):
     np.testing.assert_allclose(sw_grad, ref_sw_grad, rtol=1e-3, atol=2e-2)
 
     # signed distance in both environments, default and explicit max_distance
-    pts = np.column_stack([rng.uniform(-0.5, 0.7, 200), rng.uniform(-0.4, 0.4, 200),
-                           rng.uniform(0.2, 0.8, 200)]).astype(np.float32)
+    pts = np.column_stack([rng.uniform(-0.9, 1.1, 300), rng.uniform(-0.8, 0.8, 300),
+                           rng.uniform(-0.3, 1.3, 300)]).astype(np.float32)
     for env in (0, 1):
         for max_d in (0.0, 0.2):
             dist, g, _ = server.signed_distance(pts, env=env, max_distance=max_d)
@@ -273,23 +273,30 @@ def test_operations_change_results_and_revisions(server):
     assert r_move == r_add + 1
     np.testing.assert_allclose(server.signed_distance(probe)[0], [0.1, 0.1], atol=1e-5)
 
-    # a sphere in contact with the moved box: cost from the analytic distance
-    spheres = np.array([[[[5.35, 0.0, 0.5, 0.06]]]], np.float32)
+    # spheres 0.05 m off the moved box's +x face: d = r + eta - 0.05 = r, cost from design.md 4
+    spheres = np.array([[[[5.35, 0.0, 0.5, 0.03], [5.35, 0.0, 0.5, 0.08]]]], np.float32)
     cost, grad, rev = server.cost_request(EvaluateSphereCost, spheres)
     assert rev == r_move
-    pen = 0.06 + ETA - 0.05  # sd = 0.05 to the +x face
-    assert cost[0, 0, 0] == pytest.approx(pen * pen / (2 * ETA), rel=1e-3)
-    np.testing.assert_allclose(grad[0, 0, 0], [-pen / ETA, 0.0, 0.0], atol=1e-4)
+    np.testing.assert_allclose(cost[0, 0], [0.03**2 / (2 * ETA), 0.08 - ETA / 2], rtol=1e-3)
+    np.testing.assert_allclose(grad[0, 0], [[-0.03 / ETA, 0, 0], [-1.0, 0, 0]], atol=1e-4)
 
     r_dis = server.publish(make_mesh_obstacle("op_box", None, None, operation=MeshObstacle.DISABLE))
     d, _, rev = server.signed_distance(probe)
     assert rev == r_dis == r_move + 1
     np.testing.assert_allclose(d, [MAX_D, MAX_D])
-    assert server.cost_request(EvaluateSphereCost, spheres)[0][0, 0, 0] == 0.0
+    assert not server.cost_request(EvaluateSphereCost, spheres)[0].any()
 
     r_en = server.publish(make_mesh_obstacle("op_box", None, None, operation=MeshObstacle.ENABLE))
     assert r_en == r_dis + 1
     np.testing.assert_allclose(server.signed_distance(probe)[0], [0.1, 0.1], atol=1e-5)
+
+    # a quaternion within 1e-3 of unit length is renormalised, not rejected
+    slightly_long = np.concatenate([[5.2, 0.0, 0.5], 1.0008 * rh.quat_about_z(0.5)])
+    r_q = server.publish(make_mesh_obstacle("op_box", None, None, slightly_long, operation=MeshObstacle.MOVE))
+    assert r_q == r_en + 1
+    unit = np.concatenate([[5.2, 0.0, 0.5], rh.quat_about_z(0.5)])
+    np.testing.assert_allclose(server.signed_distance(probe)[0],
+                               rh.box_signed_distance(probe, (0.2, 0.2, 0.2), unit), atol=1e-5)
 
     # ADD of an existing id replaces geometry and pose
     v2, t2 = ref.box((0.4, 0.4, 0.4))
@@ -378,7 +385,8 @@ def test_markers(server):
     spheres = np.array([[[[-5.0, 0.0, 0.5, 0.05], [-5.0, 0.12, 0.5, 0.03], [-5.0, 2.0, 0.5, 0.05]]]], np.float32)
     cost, _, _ = server.cost_request(EvaluateSphereCost, spheres)
     assert cost[0, 0, 0] > cost[0, 0, 1] > 0 and cost[0, 0, 2] == 0
-    arr = markers.wait_for(lambda a: any(m.ns == "request_spheres" for m in a.markers), 10.0)
+    arr = markers.wait_for(lambda a: any(m.ns == "request_spheres" and m.points and m.points[0].x == -5.0
+                                         for m in a.markers), 10.0)
     lists = [m for m in arr.markers if m.ns == "request_spheres" and m.action == Marker.ADD]
     assert all(m.type == Marker.SPHERE_LIST for m in lists)
     pts = {(round(p.x, 3), round(p.y, 3)): (c, m.scale.x) for m in lists for p, c in zip(m.points, m.colors)}
@@ -389,6 +397,17 @@ def test_markers(server):
     assert (free.r, free.g) == (pytest.approx(0.0), pytest.approx(1.0))
     mid, diam_mid = pts[(-5.0, 0.12)]
     assert 0 < mid.r < 1 and diam_mid == pytest.approx(0.06)
+
+    # later updates carry only what changed: a MOVE re-sends that mesh alone, with its new pose
+    moved = pose.copy()
+    moved[1] = 0.25
+    server.publish(make_mesh_obstacle("marker_box", None, None, moved, operation=MeshObstacle.MOVE))
+    arr = markers.wait_for(lambda a: (m := mesh_marker("marker_box")(a)) is not None
+                           and m.pose.position.y == pytest.approx(0.25), 10.0)
+    assert [m.text for m in arr.markers if m.type == Marker.TRIANGLE_LIST] == ["marker_box"]
+    assert mesh_marker("marker_box")(arr).id == added.id
+    server.publish(make_mesh_obstacle("marker_box", None, None, operation=MeshObstacle.DISABLE))
+    arr = markers.wait_for(lambda a: (m := mesh_marker("marker_box")(a)) is not None and m.color.a < 0.5, 10.0)
 
     server.publish(make_mesh_obstacle("marker_box", None, None, operation=MeshObstacle.REMOVE))
     gone = markers.wait_for(lambda a: any(m.action == Marker.DELETE and m.ns == added.ns and m.id == added.id
@@ -412,10 +431,10 @@ def test_distance_slice(server):
     assert msg.header.frame_id == "world"
     assert [f.name for f in msg.fields] == ["x", "y", "z", "distance"]
     c = _cloud(msg)
-    assert len(c["x"]) == 21 * 21
+    assert len(c["x"]) == 33 * 33
     np.testing.assert_allclose(c["z"], 0.5)
-    assert c["x"].min() == pytest.approx(-0.5) and c["x"].max() == pytest.approx(0.5)
-    assert c["y"].min() == pytest.approx(4.5) and c["y"].max() == pytest.approx(5.5)
+    assert c["x"].min() == pytest.approx(-0.8) and c["x"].max() == pytest.approx(0.8)
+    assert c["y"].min() == pytest.approx(4.2) and c["y"].max() == pytest.approx(5.8)
     pts = np.column_stack([c["x"], c["y"], c["z"]])
     expected = np.minimum(rh.box_signed_distance(pts, SLICE_BOX_SIZE, SLICE_BOX_POSE), MAX_D)
     assert (expected < 0).sum() > 10 and (expected == MAX_D).sum() > 10

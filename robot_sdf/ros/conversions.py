@@ -2,21 +2,19 @@
 
 Array fields of rclpy messages are ``array.array``; everything here converts whole buffers
 (``np.frombuffer`` one way, ``array.array(tc, ndarray.tobytes())`` the other), never element by
-element, except where the message type itself is a list of objects (shape_msgs/Mesh,
-visualization_msgs/Marker points), which only the slow paths use.
+element, except where the message type itself is a list of objects (shape_msgs/Mesh), which
+only the slow path uses.
 
 Poses are 7-vectors x, y, z, qw, qx, qy, qz (metres, scalar-first quaternion), as in the core.
 """
 from __future__ import annotations
 
 import array
-from typing import Sequence
 
 import numpy as np
-from geometry_msgs.msg import Point, Pose
+from geometry_msgs.msg import Pose
 from sensor_msgs.msg import PointCloud2, PointField
-from std_msgs.msg import ColorRGBA, Header
-from visualization_msgs.msg import Marker
+from std_msgs.msg import Header
 
 from robot_sdf_interfaces.msg import MeshObstacle, ObstaclePose
 
@@ -170,14 +168,14 @@ _CLOUD_FIELDS = ("x", "y", "z", "distance")
 def make_distance_cloud(points: np.ndarray, distance: np.ndarray, header: Header) -> PointCloud2:
     """Points (N,3) and values (N,) -> PointCloud2 with float32 fields x, y, z, distance.
 
-    The cloud is unorganised (height 1); uses sensor_msgs_py when installed, else packs the
-    structured numpy array directly.
+    The cloud is unorganised (height 1); uses sensor_msgs_py when installed, else copies the
+    (N,4) float32 rows into ``data`` in one buffer copy.
     """
     fields = [PointField(name=n, offset=4 * i, datatype=PointField.FLOAT32, count=1)
               for i, n in enumerate(_CLOUD_FIELDS)]
-    data = np.empty(points.shape[0], dtype=[(n, np.float32) for n in _CLOUD_FIELDS])
-    data["x"], data["y"], data["z"] = points[:, 0], points[:, 1], points[:, 2]
-    data["distance"] = distance
+    data = np.empty((points.shape[0], 4), dtype=np.float32)  # rows x, y, z, distance: 16 bytes
+    data[:, :3] = points
+    data[:, 3] = distance
     if _pc2 is not None:
         return _pc2.create_cloud(header, fields, data)
     msg = PointCloud2(header=header, height=1, width=int(points.shape[0]), fields=fields,
@@ -185,92 +183,3 @@ def make_distance_cloud(points: np.ndarray, distance: np.ndarray, header: Header
                       is_dense=True)
     msg.data = array.array("B", data.tobytes())
     return msg
-
-
-def cloud_to_array(msg: PointCloud2) -> np.ndarray:
-    """PointCloud2 with float32 fields -> structured array (N,) with those fields (a copy)."""
-    names = [f.name for f in msg.fields]
-    if any(f.datatype != PointField.FLOAT32 or f.count != 1 for f in msg.fields):
-        raise ValueError("only clouds of single float32 fields are supported")
-    dtype = np.dtype({"names": names, "formats": [np.float32] * len(names),
-                      "offsets": [f.offset for f in msg.fields], "itemsize": msg.point_step})
-    raw = np.frombuffer(bytes(msg.data), dtype=np.uint8)
-    n = msg.width * msg.height
-    rows = raw.reshape(msg.height, msg.row_step)[:, : msg.width * msg.point_step]
-    return np.frombuffer(rows.tobytes(), dtype=dtype, count=n).copy()
-
-
-# ------------------------------------------------------------------ markers
-
-
-def cost_colors(cost: np.ndarray) -> np.ndarray:
-    """Cost (N,) -> RGBA (N,4): green at 0 to red at the highest cost of the set."""
-    c = np.asarray(cost, dtype=np.float64)
-    top = float(c.max()) if c.size else 0.0
-    t = np.clip(c / top, 0.0, 1.0) if top > 0 else np.zeros_like(c)
-    rgba = np.empty((c.size, 4))
-    rgba[:, 0], rgba[:, 1], rgba[:, 2], rgba[:, 3] = t, 1.0 - t, 0.0, 0.8
-    return rgba
-
-
-def triangle_points(vertices: np.ndarray, triangles: np.ndarray) -> list[Point]:
-    """Corners of every triangle (3T Points) for a TRIANGLE_LIST marker, in the mesh frame."""
-    corners = np.asarray(vertices, dtype=np.float64)[np.asarray(triangles).reshape(-1)]
-    return [Point(x=x, y=y, z=z) for x, y, z in corners.tolist()]
-
-
-def mesh_marker(ns: str, marker_id: int, frame_id: str, points: list[Point], pose,
-                enabled: bool, name: str = "") -> Marker:
-    """TRIANGLE_LIST marker of one mesh: ``points`` from triangle_points(), ``pose`` (7,) places them.
-
-    Enabled meshes are drawn opaque orange, disabled ones translucent grey. ``name`` (the
-    obstacle id) goes into ``text``, which rviz ignores for triangle lists, so tools can tell
-    the markers apart.
-    """
-    m = Marker(ns=ns, id=int(marker_id), type=Marker.TRIANGLE_LIST, action=Marker.ADD, text=name)
-    m.header.frame_id = frame_id
-    m.pose = array_to_pose(pose)
-    m.scale.x = m.scale.y = m.scale.z = 1.0
-    m.color = (ColorRGBA(r=0.9, g=0.55, b=0.15, a=0.9) if enabled
-               else ColorRGBA(r=0.5, g=0.5, b=0.5, a=0.3))
-    m.points = points
-    return m
-
-
-def delete_marker(ns: str, marker_id: int, frame_id: str) -> Marker:
-    """DELETE marker for (ns, id)."""
-    m = Marker(ns=ns, id=int(marker_id), action=Marker.DELETE)
-    m.header.frame_id = frame_id
-    return m
-
-
-def sphere_markers(ns: str, frame_id: str, spheres: np.ndarray, cost: np.ndarray,
-                   radius_quantum: float = 0.005) -> list[Marker]:
-    """SPHERE_LIST markers of spheres (N,4) x,y,z,r coloured by cost (N,).
-
-    A SPHERE_LIST has one size, so spheres are grouped by radius rounded to ``radius_quantum``
-    metres, one marker per group (ids 0..k-1). Spheres with radius < 0 (off) are left out.
-    """
-    s = np.asarray(spheres, dtype=np.float64).reshape(-1, 4)
-    c = np.asarray(cost, dtype=np.float64).reshape(-1)
-    on = s[:, 3] >= 0
-    s, c = s[on], c[on]
-    rgba = cost_colors(c)
-    groups = np.round(s[:, 3] / radius_quantum).astype(np.int64)
-    out = []
-    for k, g in enumerate(np.unique(groups)):
-        sel = groups == g
-        m = Marker(ns=ns, id=k, type=Marker.SPHERE_LIST, action=Marker.ADD)
-        m.header.frame_id = frame_id
-        m.pose.orientation.w = 1.0
-        m.scale.x = m.scale.y = m.scale.z = max(2.0 * g * radius_quantum, 1e-3)
-        m.points = [Point(x=x, y=y, z=z) for x, y, z in s[sel, :3].tolist()]
-        m.colors = [ColorRGBA(r=r, g=gg, b=b, a=a) for r, gg, b, a in rgba[sel].tolist()]
-        out.append(m)
-    return out
-
-
-def stamp_all(markers: Sequence[Marker], stamp) -> None:
-    """Set header.stamp of every marker."""
-    for m in markers:
-        m.header.stamp = stamp

@@ -185,22 +185,27 @@ def _type_name(default: Any) -> str:
     return "a string"
 
 
+def _value_errors(values: dict[str, Any]) -> list[str]:
+    """Errors of the values present in ``values`` (parameters that failed to declare are absent)."""
+    errors = []
+    for spec in PARAMETERS:
+        if spec.name in values and spec.check is not None:
+            why = spec.check(values[spec.name])
+            if why:
+                errors.append(f"parameter '{spec.name}' = {values[spec.name]!r} {why}")
+    if not errors and {"slice_env", "num_envs"} <= values.keys() \
+            and values["slice_env"] >= values["num_envs"]:
+        errors.append(f"parameter 'slice_env' = {values['slice_env']} must be < num_envs "
+                      f"({values['num_envs']})")
+    return errors
+
+
 def validate_values(values: dict[str, Any]) -> ServerConfig:
     """Check every value of ``values`` (name -> value, all of PARAMETERS) and build the config.
 
     Raises ConfigError listing every bad parameter.
     """
-    errors = []
-    for spec in PARAMETERS:
-        value = values[spec.name]
-        if spec.check is not None:
-            why = spec.check(value)
-            if why:
-                errors.append(f"parameter '{spec.name}' = {value!r} {why}")
-    if not errors:
-        if values["slice_env"] >= values["num_envs"]:
-            errors.append(f"parameter 'slice_env' = {values['slice_env']} must be < num_envs "
-                          f"({values['num_envs']})")
+    errors = _value_errors(values)
     if errors:
         raise ConfigError("; ".join(errors))
     kw = dict(values)
@@ -247,6 +252,6 @@ def declare_and_validate(node) -> ServerConfig:
             errors.append(f"parameter '{spec.name}' out of range: {spec.constraint} ({exc})")
             continue
         values[spec.name] = param.value
-    if errors:
-        raise ConfigError("; ".join(errors))
+    if errors:  # report the remaining bad values too, not only the undeclarable ones
+        raise ConfigError("; ".join(errors + _value_errors(values)))
     return validate_values(values)

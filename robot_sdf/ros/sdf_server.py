@@ -42,6 +42,7 @@ from std_msgs.msg import Header
 from visualization_msgs.msg import MarkerArray
 
 from robot_sdf.ros import conversions as conv
+from robot_sdf.ros.markers import MarkerState
 from robot_sdf.ros.parameters import ConfigError, ServerConfig, declare_and_validate
 from robot_sdf_interfaces.msg import MeshObstacle, ObstaclePose
 from robot_sdf_interfaces.srv import EvaluateSphereCost, EvaluateSweptSphereCost, QuerySignedDistance
@@ -136,7 +137,7 @@ class SdfServer(Node):
         self._request_lock = threading.Lock()
         self._last_request: tuple[np.ndarray, np.ndarray] | None = None
         self._request_seq = 0
-        self._marker_state = _MarkerState()
+        self._markers = MarkerState(self.world, cfg.num_envs, cfg.world_frame, self.last_request)
 
         mesh_group = MutuallyExclusiveCallbackGroup()
         pose_group = MutuallyExclusiveCallbackGroup()
@@ -325,8 +326,9 @@ class SdfServer(Node):
             raise RequestError(f"spheres has {flat.size} floats, expected "
                                f"batch*horizon*spheres_per_step*4 = {4 * count}")
         if not np.isfinite(flat).all():
-            bad = int(np.flatnonzero(~np.isfinite(flat))[0])
-            raise RequestError(f"spheres[{bad}] is not finite")
+            bad = np.unravel_index(int(np.flatnonzero(~np.isfinite(flat))[0]), (b, h, n, 4))
+            raise RequestError(f"sphere (batch {bad[0]}, step {bad[1]}, sphere {bad[2]}) is not "
+                               f"finite")
         env = conv.as_uint32(request.env_index)
         if env.size not in (0, b):
             raise RequestError(f"env_index has {env.size} entries, expected 0 or batch = {b}")
@@ -400,7 +402,8 @@ class SdfServer(Node):
                 raise RequestError(f"{n} points exceed max_points_per_request "
                                    f"{self.config.max_points_per_request}")
             if not np.isfinite(flat).all():
-                raise RequestError(f"points[{int(np.flatnonzero(~np.isfinite(flat))[0])}] is not finite")
+                bad = int(np.flatnonzero(~np.isfinite(flat))[0]) // 3
+                raise RequestError(f"point {bad} is not finite")
             env = int(request.env)
             if env >= self.config.num_envs:
                 raise RequestError(f"env {env} out of range (num_envs {self.config.num_envs})")
@@ -419,9 +422,11 @@ class SdfServer(Node):
 
     def _publish_markers(self) -> None:
         try:
-            markers = self._marker_state.update(self, self._markers_pub.get_subscription_count())
+            markers = self._markers.update(self._markers_pub.get_subscription_count())
             if markers:
-                conv.stamp_all(markers, self.get_clock().now().to_msg())
+                stamp = self.get_clock().now().to_msg()
+                for m in markers:
+                    m.header.stamp = stamp
                 self._markers_pub.publish(MarkerArray(markers=markers))
         except Exception as exc:  # noqa: BLE001 - visualisation must never take the node down
             self.get_logger().error(f"markers: {exc!r}")
@@ -482,72 +487,6 @@ def _call_with_revision(world, fn: Callable[..., Any], *args: Any, **kwargs: Any
         if world.revision == before:
             return out, before
     return out, world.revision
-
-
-class _MarkerState:
-    """What ~/markers last showed, so each update sends only what changed.
-
-    Mesh markers are rebuilt when the world revision moves or a new subscriber appears; their
-    point lists are cached per mesh and rebuilt only when the geometry changes (a MOVE only
-    changes marker.pose). Removed meshes get DELETE markers. Marker ids are stable per
-    (env, mesh id) for the node's lifetime; the namespace is ``env_<n>``.
-    """
-
-    def __init__(self) -> None:
-        self.revision = -1
-        self.subscribers = 0
-        self.request_seq = 0
-        self.ids: dict[tuple[int, str], int] = {}
-        self.shown: set[tuple[int, str]] = set()
-        self.cache: dict[tuple[int, str], tuple[Any, list]] = {}
-        self.sphere_markers = 0
-
-    def update(self, node: SdfServer, subscribers: int) -> list:
-        if subscribers == 0:
-            self.subscribers = 0
-            return []
-        out: list = []
-        frame = node.config.world_frame
-        rev = node.world.revision
-        if rev != self.revision or subscribers > self.subscribers:
-            out += self._meshes(node, frame)
-            self.revision = rev
-        self.subscribers = subscribers
-        seq, last = node.last_request()
-        if seq != self.request_seq and last is not None:
-            self.request_seq = seq
-            spheres = conv.sphere_markers("request_spheres", frame, *last)
-            out += spheres
-            out += [conv.delete_marker("request_spheres", k, frame)
-                    for k in range(len(spheres), self.sphere_markers)]
-            self.sphere_markers = len(spheres)
-        return out
-
-    def _meshes(self, node: SdfServer, frame: str) -> list:
-        world = node.world
-        out, now = [], set()
-        for env in range(node.config.num_envs):
-            for name in world.mesh_names(env):
-                key = (env, name)
-                try:
-                    vertices, triangles, pose, enabled = world.mesh_geometry(name, env)
-                except KeyError:  # removed since mesh_names(): the next update deletes it
-                    continue
-                now.add(key)
-                marker_id = self.ids.setdefault(key, len(self.ids))
-                fingerprint = (vertices.shape, triangles.shape, hash(vertices.tobytes()),
-                               hash(np.ascontiguousarray(triangles).tobytes()))
-                cached = self.cache.get(key)
-                if cached is None or cached[0] != fingerprint:
-                    cached = (fingerprint, conv.triangle_points(vertices, triangles))
-                    self.cache[key] = cached
-                m = conv.mesh_marker(f"env_{env}", marker_id, frame, cached[1], pose, enabled, name)
-                out.append(m)
-        for key in self.shown - now:
-            out.append(conv.delete_marker(f"env_{key[0]}", self.ids[key], frame))
-            self.cache.pop(key, None)
-        self.shown = now
-        return out
 
 
 def main(args: list[str] | None = None) -> int:

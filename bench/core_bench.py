@@ -1,0 +1,400 @@
+"""Core benchmarks: the Warp cost kernels against a bare traversal floor and Open3D, and scaling.
+
+Everything runs in this process on ``device`` ("cpu" or "cuda[:N]"). Tables:
+
+1. standard scene (bench.scenes: 8 meshes, ~40k triangles, 100k spheres of r = 0.05 m within
+   0.2 m of the surfaces, max_dist 0.2 m, activation 0.05 m, sign method "normal"): SdfMeshWarpPy
+   forward and forward+backward, SweptSdfMeshWarpPy (sweep_steps 4, 64 x 30 x 52 random-walk
+   trajectories), the traversal floor (a bare Warp kernel: per-mesh world->mesh transform and
+   wp.mesh_query_point_no_sign, nothing else) with the cost's bound and with max_dist only, on the
+   cost's threading and on one thread, and Open3D RaycastingScene.compute_signed_distance;
+2. sphere-count scaling (fwd+bwd), 3. triangle-count scaling (BVH build, refit, world.add_mesh,
+   fwd+bwd), 4. the MPPI batch 400 x 30 x 52, 5. the four sign methods (fwd).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+import warp as wp
+
+from bench import Stats, emit, fmt_rate, load_average, measure, section, table
+from bench import scenes
+from robot_sdf import MeshWorld, SignMethod
+from robot_sdf.warp_primitives import SdfMeshWarpPy, SweptSdfMeshWarpPy, _launch, warp_device
+
+wp.set_module_options({"enable_backward": False})
+
+SIGN = SignMethod.NORMAL
+SWEEP_STEPS = 4
+SPEED_DT = 0.1
+
+
+@wp.kernel
+def traversal_floor_kernel(
+    spheres: wp.array(dtype=wp.vec4),
+    mesh_idx: wp.array2d(dtype=wp.int64),
+    pose_inv: wp.array3d(dtype=wp.float32),
+    n_mesh: int,
+    max_dist: float,
+    eta: float,
+    add_radius: int,
+    start: int,
+    total: int,
+    out_dist: wp.array(dtype=wp.float32),
+):
+    """Unsigned distance to the nearest of env 0's meshes: the same world->mesh transform and
+    search bound as the cost (max_dist + r + eta, or max_dist alone), only the BVH traversal."""
+    tid = wp.tid() + start
+    if tid >= total:
+        return
+    s = spheres[tid]
+    p = wp.vec3(s[0], s[1], s[2])
+    bound = max_dist
+    if add_radius != 0:
+        bound = max_dist + s[3] + eta
+    best = bound
+    for i in range(n_mesh):
+        t = wp.vec3(pose_inv[0, i, 0], pose_inv[0, i, 1], pose_inv[0, i, 2])
+        q = wp.quat(pose_inv[0, i, 4], pose_inv[0, i, 5], pose_inv[0, i, 6], pose_inv[0, i, 3])
+        pm = wp.quat_rotate(q, p) + t
+        mesh = wp.uint64(mesh_idx[0, i])
+        face = int(0)
+        u = float(0.0)
+        v = float(0.0)
+        if wp.mesh_query_point_no_sign(mesh, pm, bound, face, u, v):
+            best = wp.min(best, wp.length(pm - wp.mesh_eval_position(mesh, face, u, v)))
+    out_dist[tid] = best
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int) -> Iterator[None]:
+    """Run robot_sdf's CPU launches on ``n`` threads inside the block (ROBOT_SDF_CPU_THREADS)."""
+    old = os.environ.get("ROBOT_SDF_CPU_THREADS")
+    os.environ["ROBOT_SDF_CPU_THREADS"] = str(n)
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["ROBOT_SDF_CPU_THREADS"]
+        else:
+            os.environ["ROBOT_SDF_CPU_THREADS"] = old
+
+
+def build_world(meshes: list[scenes.SceneMesh], device: str, sign_method=SIGN) -> MeshWorld:
+    world = MeshWorld(device=device, mesh_capacity=max(1, len(meshes)), sign_method=sign_method,
+                      max_distance=scenes.MAX_DIST)
+    for m in meshes:
+        world.add_mesh(m.name, m.vertices, m.triangles, pose=m.pose)
+    return world
+
+
+class CostRunner:
+    """Preallocated buffers and calls of SdfMeshWarpPy / SweptSdfMeshWarpPy, as an MPC would hold
+    them (cuRobo style): spheres (b,h,n,4), outputs written in place on every call."""
+
+    def __init__(self, world: MeshWorld, spheres: np.ndarray):
+        dev = world.device
+        s = torch.from_numpy(np.ascontiguousarray(spheres, np.float32)).to(dev)
+        self.world = world
+        self.spheres = s if s.dim() == 4 else s.reshape(1, 1, -1, 4)
+        self.spheres_grad = self.spheres.clone().requires_grad_(True)
+        b, h, n, _ = self.spheres.shape
+        self.count = b * h * n
+        self.cost = torch.empty((b, h, n), dtype=torch.float32, device=dev)
+        self.grad = torch.empty((b, h, n, 4), dtype=torch.float32, device=dev)
+        self.sparsity = torch.zeros((b, h, n), dtype=torch.uint8, device=dev)
+        self.weight = torch.ones(1, device=dev)
+        self.eta = torch.full((1,), scenes.ACTIVATION, device=dev)
+        self.max_dist = torch.full((1,), scenes.MAX_DIST, device=dev)
+        self.speed_dt = torch.full((1,), SPEED_DT, device=dev)
+        self.snap = world.snapshot()
+
+    def _world_args(self) -> tuple:
+        s = self.snap
+        return (s.mesh_idx, s.mesh_pose_inverse, s.mesh_enable, s.n_env_mesh, self.max_dist)
+
+    def forward(self) -> torch.Tensor:
+        return SdfMeshWarpPy.apply(self.spheres, self.cost, self.grad, self.sparsity, self.weight, self.eta,
+                                   *self._world_args(), None, False, False, self.snap.sign_method)
+
+    def forward_backward(self) -> torch.Tensor:
+        self.spheres_grad.grad = None
+        c = SdfMeshWarpPy.apply(self.spheres_grad, self.cost, self.grad, self.sparsity, self.weight, self.eta,
+                                *self._world_args(), None, False, False, self.snap.sign_method)
+        c.sum().backward()
+        return self.spheres_grad.grad
+
+    def swept_forward(self) -> torch.Tensor:
+        s = self.snap
+        return SweptSdfMeshWarpPy.apply(self.spheres, self.cost, self.grad, self.sparsity, self.weight, self.eta,
+                                        self.speed_dt, s.mesh_idx, s.mesh_pose_inverse, s.mesh_enable, s.n_env_mesh,
+                                        self.max_dist, SWEEP_STEPS, False, None, False, s.sign_method)
+
+    def swept_forward_backward(self) -> torch.Tensor:
+        s = self.snap
+        self.spheres_grad.grad = None
+        c = SweptSdfMeshWarpPy.apply(self.spheres_grad, self.cost, self.grad, self.sparsity, self.weight, self.eta,
+                                     self.speed_dt, s.mesh_idx, s.mesh_pose_inverse, s.mesh_enable, s.n_env_mesh,
+                                     self.max_dist, SWEEP_STEPS, False, None, False, s.sign_method)
+        c.sum().backward()
+        return self.spheres_grad.grad
+
+
+class FloorRunner:
+    """The traversal floor on the same spheres and meshes; Warp arrays made once, outside timing."""
+
+    def __init__(self, runner: CostRunner):
+        self.device = runner.world.device
+        self.wdev = warp_device(self.device)
+        snap = runner.snap
+        self.total = runner.count
+        self.spheres = wp.from_torch(runner.spheres.reshape(-1, 4).contiguous(), dtype=wp.vec4)
+        self.mesh_idx = wp.from_torch(snap.mesh_idx)
+        self.pose_inv = wp.from_torch(snap.mesh_pose_inverse)
+        self.n_mesh = int(snap.n_env_mesh[0])
+        self.out_t = torch.empty(self.total, dtype=torch.float32, device=self.device)
+        self.out = wp.from_torch(self.out_t)
+
+    def _inputs(self, add_radius: bool) -> list:
+        return [self.spheres, self.mesh_idx, self.pose_inv, self.n_mesh, scenes.MAX_DIST, scenes.ACTIVATION,
+                int(add_radius)]
+
+    def threaded(self, add_radius: bool = True) -> None:
+        """Same chunking and thread pool as the cost (robot_sdf.warp_primitives._launch)."""
+        _launch(traversal_floor_kernel, self.total, self._inputs(add_radius), [self.out], self.device)
+
+    def single_thread(self, add_radius: bool = True) -> None:
+        wp.launch(traversal_floor_kernel, dim=self.total, inputs=[*self._inputs(add_radius), 0, self.total],
+                  outputs=[self.out], device=self.wdev)
+
+
+def open3d_scene(meshes: list[scenes.SceneMesh]):
+    """All meshes, transformed to the world frame, in one Open3D RaycastingScene (CPU)."""
+    import open3d as o3d
+
+    scene = o3d.t.geometry.RaycastingScene()
+    for m in meshes:
+        scene.add_triangles(o3d.core.Tensor(m.world_vertices()),
+                            o3d.core.Tensor(np.ascontiguousarray(m.triangles, np.uint32)))
+    return scene
+
+
+class Bench:
+    """Sizes of one run: ``quick`` shrinks every set to seconds (a smoke test of the code)."""
+
+    def __init__(self, device: str, quick: bool):
+        self.device = device
+        self.quick = quick
+        self.sync: Callable[[], None] | None = torch.cuda.synchronize if device.startswith("cuda") else None
+        self.n_standard = 5_000 if quick else 100_000
+        self.traj = (4, 30, 40) if quick else (64, 30, 52)
+        self.reps = 3 if quick else 15
+        # Seconds one table may take (rounds are cut to fit, but never below 5 in a full run).
+        self.budget_s = 2.0 if quick else 60.0
+        self.sphere_sizes = [1, 1_000, 5_000] if quick else [1, 1_000, 10_000, 100_000, 1_000_000]
+        self.triangle_sizes = [1_000, 10_000] if quick else [1_000, 10_000, 100_000, 500_000]
+        self.triangle_spheres = 5_000 if quick else 100_000
+        self.mppi = (10, 30, 52) if quick else (400, 30, 52)
+        self.meshes = scenes.standard_meshes()
+
+    def timed(self, cases: dict[str, Callable[[], object]], reps: int | None = None,
+              budget_s: float | None = None) -> dict[str, Stats]:
+        return measure(cases, reps or self.reps, warmup=1, sync=self.sync,
+                       budget_s=self.budget_s if budget_s is None else budget_s, min_reps=2 if self.quick else 5)
+
+
+def _row(name: str, stats: Stats, count: int, note: str = "") -> list[str]:
+    return [name, f"{count:,}", stats.ms(), fmt_rate(count / stats.median), note]
+
+
+def standard_table(b: Bench) -> None:
+    section(f"Standard scene on {b.device}: cost vs. traversal floor vs. Open3D")
+    world = build_world(b.meshes, b.device)
+    spheres = scenes.near_surface_spheres(b.meshes, b.n_standard)
+    cost = CostRunner(world, spheres)
+    swept = CostRunner(world, scenes.trajectories(b.meshes, *b.traj))
+    floor = FloorRunner(cost)
+    o3d_scene = open3d_scene(b.meshes)
+    import open3d as o3d
+
+    o3d_points = o3d.core.Tensor(np.ascontiguousarray(spheres[:, :3]))
+    n_tri = sum(len(m.triangles) for m in b.meshes)
+    emit(f"{len(b.meshes)} meshes, {n_tri:,} triangles; {cost.count:,} spheres r = {scenes.SPHERE_RADIUS} m "
+         f"within {scenes.SURFACE_OFFSET} m of the surfaces; max_dist {scenes.MAX_DIST} m, activation "
+         f"{scenes.ACTIVATION} m, sign method {SIGN.name.lower()}; swept: {'x'.join(map(str, b.traj))} = "
+         f"{swept.count:,} spheres (random walks, 1-2 cm per step), sweep_steps {SWEEP_STEPS}.")
+
+    cases: dict[str, Callable[[], object]] = {
+        "SdfMeshWarpPy fwd": cost.forward,
+        "SdfMeshWarpPy fwd+bwd": cost.forward_backward,
+        "SweptSdfMeshWarpPy fwd": swept.swept_forward,
+        "SweptSdfMeshWarpPy fwd+bwd": swept.swept_forward_backward,
+        "floor, bound max_dist+r+eta": floor.threaded,
+        "floor, bound max_dist": lambda: floor.threaded(False),
+    }
+    if b.device == "cpu":
+        def cost_one_thread() -> None:
+            with cpu_threads(1):
+                cost.forward_backward()
+
+        cases["SdfMeshWarpPy fwd+bwd, 1 thread"] = cost_one_thread
+        cases["floor, bound max_dist+r+eta, 1 thread"] = floor.single_thread
+    cases["Open3D compute_signed_distance (CPU)"] = lambda: o3d_scene.compute_signed_distance(o3d_points)
+    res = b.timed(cases)
+
+    threads = "GPU" if b.device != "cpu" else f"{_threads_for(cost.count)} threads"
+    notes = {
+        "SdfMeshWarpPy fwd": threads, "SdfMeshWarpPy fwd+bwd": threads,
+        "SweptSdfMeshWarpPy fwd": f"{threads}; {SWEEP_STEPS} sweep steps",
+        "SweptSdfMeshWarpPy fwd+bwd": f"{threads}; {SWEEP_STEPS} sweep steps",
+        "floor, bound max_dist+r+eta": f"{threads}, same chunking as the cost",
+        "floor, bound max_dist": threads,
+        "Open3D compute_signed_distance (CPU)": f"all cores, unbounded search, {n_tri:,} triangles in one BVH",
+    }
+    rows = []
+    for name, st in res.items():
+        n = swept.count if name.startswith("Swept") else cost.count
+        rows.append(_row(name, st, n, notes.get(name, "")))
+    emit(table(["case", "spheres", "median ms (p25-p75)", "throughput", "note"], rows))
+
+    med = {k: st.median for k, st in res.items()}
+    fb = med["SdfMeshWarpPy fwd+bwd"]
+    ratios = [
+        ["cost fwd+bwd / floor (bound max_dist+r+eta)", f"{fb / res['floor, bound max_dist+r+eta'].median:.2f}"],
+        ["cost fwd+bwd / floor (bound max_dist)", f"{fb / res['floor, bound max_dist'].median:.2f}"],
+        ["cost fwd+bwd / Open3D signed distance", f"{fb / res['Open3D compute_signed_distance (CPU)'].median:.2f}"],
+        ["cost fwd+bwd / cost fwd", f"{fb / res['SdfMeshWarpPy fwd'].median:.2f}"],
+        ["swept fwd+bwd / cost fwd+bwd (per sphere)",
+         f"{(res['SweptSdfMeshWarpPy fwd+bwd'].median / swept.count) / (fb / cost.count):.2f}"],
+    ]
+    if b.device == "cpu":
+        floor_1 = med["floor, bound max_dist+r+eta, 1 thread"]
+        ratios.append(["cost fwd+bwd 1 thread / floor 1 thread",
+                       f"{med['SdfMeshWarpPy fwd+bwd, 1 thread'] / floor_1:.2f}"])
+        ratios.append(["floor 1 thread / floor threaded (parallel speed-up)",
+                       f"{floor_1 / med['floor, bound max_dist+r+eta']:.2f}"])
+    emit("")
+    emit(table(["ratio (medians)", "value"], ratios))
+
+    # Sanity: the three compute the same geometry. Floor and Open3D agree on the unsigned
+    # distance within the bound; the cost's sign agrees with Open3D's.
+    floor.threaded(True)
+    d_floor = floor.out_t.cpu().numpy()
+    sd_o3d = o3d_scene.compute_signed_distance(o3d_points).numpy()
+    within = np.abs(sd_o3d) < scenes.MAX_DIST
+    err = float(np.max(np.abs(d_floor[within] - np.abs(sd_o3d[within])))) if within.any() else float("nan")
+    inside_o3d = sd_o3d < -1e-4
+    with torch.no_grad():
+        dist, _ = world.signed_distance(torch.from_numpy(spheres[:, :3]).to(world.device))
+    inside_cost = dist.cpu().numpy() < -1e-4
+    sure = np.abs(sd_o3d) > 1e-3
+    agree = float(np.mean(inside_o3d[sure] == inside_cost[sure]))
+    emit(f"\ncheck: max |floor - |Open3D sd|| over {int(within.sum()):,} points within max_dist = {err:.2e} m; "
+         f"inside/outside agreement cost vs Open3D = {100 * agree:.3f} %")
+
+
+def _threads_for(total: int) -> int:
+    from robot_sdf.warp_primitives import _CPU_MIN_SPHERES_PER_THREAD, cpu_threads as n_threads
+
+    return min(n_threads(), max(1, total // _CPU_MIN_SPHERES_PER_THREAD))
+
+
+def sphere_scaling(b: Bench) -> None:
+    section(f"Sphere-count scaling on {b.device} (standard scene, SdfMeshWarpPy fwd+bwd)")
+    world = build_world(b.meshes, b.device)
+    biggest = scenes.near_surface_spheres(b.meshes, max(b.sphere_sizes))
+    runners = {n: CostRunner(world, biggest[:n]) for n in b.sphere_sizes}
+    res = b.timed({f"{n}": r.forward_backward for n, r in runners.items()}, budget_s=2 * b.budget_s)
+    rows = []
+    for n, st in zip(b.sphere_sizes, res.values()):
+        note = "per-call overhead" if n == 1 else ""
+        rows.append([f"{n:,}", st.ms(), fmt_rate(n / st.median), f"{1e9 * st.median / n:,.0f}", note])
+    emit(table(["spheres", "fwd+bwd median ms (p25-p75)", "throughput", "ns / sphere", "note"], rows))
+
+
+def triangle_scaling(b: Bench) -> None:
+    n_spheres = b.triangle_spheres
+    section(f"Triangle-count scaling on {b.device} (one torus, {n_spheres:,} spheres near it, fwd+bwd)")
+    wdev = warp_device(torch.device(b.device))
+    rows = []
+    worlds, runners = {}, {}
+    for target in b.triangle_sizes:
+        v, t = scenes.torus_with_triangles(target)
+        points = wp.array(v, dtype=wp.vec3, device=wdev)
+        indices = wp.array(t.reshape(-1), dtype=wp.int32, device=wdev)
+        mesh = wp.Mesh(points=points, indices=indices)
+        counter = [0]
+
+        def build() -> None:
+            wp.Mesh(points=points, indices=indices)
+
+        def refit() -> None:
+            mesh.refit()
+
+        def add_mesh() -> None:
+            # Fresh content each call: the world caches identical geometry and would skip the build.
+            counter[0] += 1
+            w = MeshWorld(device=b.device, sign_method=SIGN, max_distance=scenes.MAX_DIST)
+            w.add_mesh("torus", v * np.float32(1.0 + 1e-6 * counter[0]), t)
+
+        reps = 3 if target >= 100_000 else 10
+        st = measure({"build": build, "refit": refit, "add_mesh": add_mesh}, reps if not b.quick else 2,
+                     warmup=1, sync=b.sync)
+        scene_mesh = scenes.SceneMesh("torus", v, t, np.array([0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]))
+        worlds[target] = build_world([scene_mesh], b.device)
+        runners[target] = CostRunner(worlds[target], scenes.near_surface_spheres([scene_mesh], n_spheres))
+        rows.append([f"{len(t):,}", st["build"].ms(), st["refit"].ms(), st["add_mesh"].ms()])
+    res = b.timed({str(k): r.forward_backward for k, r in runners.items()})
+    for row, st in zip(rows, res.values()):
+        row += [st.ms(), fmt_rate(n_spheres / st.median)]
+    emit(table(["triangles", "wp.Mesh build ms", "refit ms", "world.add_mesh ms",
+                f"fwd+bwd {n_spheres // 1000}k spheres ms", "throughput"], rows))
+    emit("\nwp.Mesh build = BVH construction from Warp arrays already on the device; world.add_mesh = "
+         "validation, content hash, upload, build and snapshot publication (what a mesh ADD costs).")
+
+
+def mppi_batch(b: Bench) -> None:
+    bt, h, n = b.mppi
+    section(f"MPPI batch {bt} x {h} x {n} on {b.device}" + (" (CPU: the <= 0.5 ms target is for an H100)"
+                                                          if b.device == "cpu" else ""))
+    world = build_world(b.meshes, b.device)
+    runner = CostRunner(world, scenes.trajectories(b.meshes, bt, h, n))
+    cases = {"SdfMeshWarpPy fwd+bwd": runner.forward_backward}
+    if b.device != "cpu" or b.quick:
+        # On the CPU a swept call of this size takes tens of seconds: measured on GPUs only (its
+        # per-sphere cost relative to the plain cost is in the standard-scene table).
+        cases["SweptSdfMeshWarpPy fwd+bwd (sweep 4)"] = runner.swept_forward_backward
+    res = b.timed(cases, reps=5 if not b.quick else 2, budget_s=2 * b.budget_s)
+    rows = [_row(k, st, runner.count, "target <= 0.5 ms on H100" if k.startswith("Sdf") else "")
+            for k, st in res.items()]
+    emit(table(["case", "spheres", "median ms (p25-p75)", "throughput", "note"], rows))
+
+
+def sign_methods(b: Bench) -> None:
+    section(f"Sign methods on {b.device} (standard scene, SdfMeshWarpPy fwd)")
+    spheres = scenes.near_surface_spheres(b.meshes, b.n_standard)
+    runners = {m: CostRunner(build_world(b.meshes, b.device, m), spheres) for m in SignMethod}
+    res = b.timed({m.name.lower(): r.forward for m, r in runners.items()})
+    base = res["normal"].median
+    rows = [[k, st.ms(), fmt_rate(b.n_standard / st.median), f"{st.median / base:.2f}"] for k, st in res.items()]
+    emit(table(["sign_method", "fwd median ms (p25-p75)", "throughput", "vs normal"], rows))
+    # How often do the methods disagree on inside/outside for these (closed, well-shaped) meshes?
+    signs = {}
+    for m, r in runners.items():
+        r.forward()
+        signs[m] = r.cost.cpu().numpy() > 0
+    ref = signs[SignMethod.NORMAL]
+    emit("cost > 0 agreement with normal: " + ", ".join(
+        f"{m.name.lower()} {100 * float(np.mean(s == ref)):.3f} %" for m, s in signs.items() if m != SignMethod.NORMAL))
+
+
+def run(device: str = "cpu", quick: bool = False) -> None:
+    """Print every core table."""
+    b = Bench(device, quick)
+    for part in (standard_table, sphere_scaling, triangle_scaling, mppi_batch, sign_methods):
+        part(b)
+        emit(f"\n(load average after this table: {load_average()})")

@@ -1,0 +1,261 @@
+"""Deterministic benchmark scenes: closed, well-shaped meshes and sphere sets near their surfaces.
+
+Every generator takes explicit sizes and a seed, so two runs (or two machines) measure the same
+geometry. Meshes are (vertices (V,3) float32 m, triangles (T,3) int32) with outward,
+counter-clockwise winding, watertight, and without long sliver triangles (so that timings
+reflect ordinary CAD/scan meshes rather than degenerate BVHs).
+
+The standard scene: 8 meshes of about 5k triangles each (icosphere, ellipsoid, two tori, two
+subdivided boxes, two capped cylinders), 40k triangles in all, at distinct rotated poses on a
+4 x 2 grid with 1 m spacing.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from robot_sdf.geometry import transform_points
+
+STANDARD_SEED = 20240611
+# Search and cost parameters of the standard benchmark (metres).
+MAX_DIST = 0.2
+ACTIVATION = 0.05
+SPHERE_RADIUS = 0.05
+SURFACE_OFFSET = 0.2
+
+
+@dataclass(frozen=True)
+class SceneMesh:
+    """One obstacle: geometry in its own frame and its pose (7,) x,y,z,qw,qx,qy,qz in the world."""
+
+    name: str
+    vertices: np.ndarray
+    triangles: np.ndarray
+    pose: np.ndarray
+
+    def world_vertices(self) -> np.ndarray:
+        """(V,3) float32 vertices in the world frame."""
+        return transform_points(self.pose, self.vertices.astype(np.float64)).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------- meshes
+def _orient_outward(vertices: np.ndarray, triangles: np.ndarray) -> np.ndarray:
+    """Flip triangles whose normal points towards the origin (valid for star-shaped meshes
+    around the origin: the convex boxes, cylinders and spheres built here)."""
+    tri = vertices[triangles].astype(np.float64)
+    normal = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
+    inward = np.einsum("ij,ij->i", normal, tri.mean(axis=1)) < 0.0
+    out = triangles.copy()
+    out[inward] = out[inward][:, [0, 2, 1]]
+    return out
+
+
+def _weld(vertices: np.ndarray, triangles: np.ndarray, decimals: int = 6) -> tuple[np.ndarray, np.ndarray]:
+    """Merge coincident vertices (seams between separately built patches) so the mesh is closed."""
+    key = np.round(vertices.astype(np.float64), decimals)
+    unique, inverse = np.unique(key, axis=0, return_inverse=True)
+    return unique.astype(np.float32), inverse.reshape(-1)[triangles].astype(np.int32)
+
+
+def _grid_quads(rows: int, cols: int, wrap_cols: bool = False, wrap_rows: bool = False) -> np.ndarray:
+    """Triangles (2*quads, 3) of a rows x cols vertex grid indexed r * cols + c."""
+    r_max = rows if wrap_rows else rows - 1
+    c_max = cols if wrap_cols else cols - 1
+    r, c = np.meshgrid(np.arange(r_max), np.arange(c_max), indexing="ij")
+    r, c = r.reshape(-1), c.reshape(-1)
+    a = r * cols + c
+    b = r * cols + (c + 1) % cols
+    d = ((r + 1) % rows) * cols + c
+    e = ((r + 1) % rows) * cols + (c + 1) % cols
+    return np.concatenate([np.stack([a, b, e], 1), np.stack([a, e, d], 1)]).astype(np.int32)
+
+
+def icosphere(radius: float, subdivisions: int) -> tuple[np.ndarray, np.ndarray]:
+    """Icosphere, 20 * 4**subdivisions triangles."""
+    import trimesh
+
+    m = trimesh.creation.icosphere(subdivisions=subdivisions, radius=radius)
+    return np.asarray(m.vertices, np.float32), np.asarray(m.faces, np.int32)
+
+
+def ellipsoid(axes: tuple[float, float, float], subdivisions: int) -> tuple[np.ndarray, np.ndarray]:
+    """Icosphere scaled to semi-axes ``axes`` (aspect stays moderate for axes within ~2.5x)."""
+    v, t = icosphere(1.0, subdivisions)
+    return (v * np.asarray(axes, np.float32)).astype(np.float32), t
+
+
+def torus(major: float, minor: float, n_major: int, n_minor: int) -> tuple[np.ndarray, np.ndarray]:
+    """Torus about the z axis: 2 * n_major * n_minor triangles."""
+    u = np.arange(n_major) * (2.0 * math.pi / n_major)
+    w = np.arange(n_minor) * (2.0 * math.pi / n_minor)
+    uu, ww = np.meshgrid(u, w, indexing="ij")
+    ring = major + minor * np.cos(ww)
+    v = np.stack([ring * np.cos(uu), ring * np.sin(uu), minor * np.sin(ww)], -1).reshape(-1, 3)
+    t = _grid_quads(n_major, n_minor, wrap_cols=True, wrap_rows=True)
+    # Orientation: the outward normal points away from the tube's centre line.
+    tri = v[t]
+    normal = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
+    centroid = tri.mean(axis=1)
+    axis_pt = centroid.copy()
+    axis_pt[:, 2] = 0.0
+    axis_pt *= (major / np.linalg.norm(axis_pt, axis=1))[:, None]
+    flip = np.einsum("ij,ij->i", normal, centroid - axis_pt) < 0.0
+    t[flip] = t[flip][:, [0, 2, 1]]
+    return v.astype(np.float32), t
+
+
+def torus_with_triangles(count: int, major: float = 0.3, minor: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
+    """Torus with about ``count`` triangles and near-square cells (n_major/n_minor = major/minor)."""
+    n_minor = max(3, round(math.sqrt(count * minor / (2.0 * major))))
+    n_major = max(3, round(count / (2.0 * n_minor)))
+    return torus(major, minor, n_major, n_minor)
+
+
+def box(size: tuple[float, float, float], cell: float) -> tuple[np.ndarray, np.ndarray]:
+    """Box of extents ``size`` centred at the origin, each face gridded with ~square cells of ``cell``."""
+    half = np.asarray(size, np.float64) / 2.0
+    counts = [max(1, round(s / cell)) for s in size]
+    verts, tris, offset = [], [], 0
+    for axis in range(3):
+        a, b = [k for k in range(3) if k != axis]
+        ga = np.linspace(-half[a], half[a], counts[a] + 1)
+        gb = np.linspace(-half[b], half[b], counts[b] + 1)
+        aa, bb = np.meshgrid(ga, gb, indexing="ij")
+        for side in (-1.0, 1.0):
+            p = np.zeros(aa.shape + (3,))
+            p[..., a], p[..., b], p[..., axis] = aa, bb, side * half[axis]
+            verts.append(p.reshape(-1, 3))
+            tris.append(_grid_quads(counts[a] + 1, counts[b] + 1) + offset)
+            offset += p.shape[0] * p.shape[1]
+    v, t = _weld(np.concatenate(verts), np.concatenate(tris))
+    return v, _orient_outward(v, t)
+
+
+def _stitch_rings(inner: np.ndarray, outer: np.ndarray) -> list[tuple[int, int, int]]:
+    """Triangles joining two closed concentric rings of vertex ids whose angles start at 0 and
+    are evenly spaced; advances along whichever ring's next vertex comes first by angle."""
+    na, nb = len(inner), len(outer)
+    i = j = 0
+    out = []
+    while i < na or j < nb:
+        next_a = (i + 1) / na
+        next_b = (j + 1) / nb
+        if i < na and (j >= nb or next_a <= next_b):
+            out.append((inner[i % na], inner[(i + 1) % na], outer[j % nb]))
+            i += 1
+        else:
+            out.append((inner[i % na], outer[(j + 1) % nb], outer[j % nb]))
+            j += 1
+    return out
+
+
+def cylinder(radius: float, length: float, sections: int) -> tuple[np.ndarray, np.ndarray]:
+    """Capped cylinder along z: side gridded with ~square cells, caps as concentric rings whose
+    vertex count grows with the radius (no fan of slivers around the cap centre)."""
+    cell = 2.0 * math.pi * radius / sections
+    n_z = max(1, round(length / cell))
+    ang = np.arange(sections) * (2.0 * math.pi / sections)
+    z = np.linspace(-length / 2.0, length / 2.0, n_z + 1)
+    zz, aa = np.meshgrid(z, ang, indexing="ij")
+    side = np.stack([radius * np.cos(aa), radius * np.sin(aa), zz], -1).reshape(-1, 3)
+    verts = [side]
+    tris = [_grid_quads(n_z + 1, sections, wrap_cols=True)]
+    offset = side.shape[0]
+    n_rings = max(1, round(radius / cell))
+    for zc in (-length / 2.0, length / 2.0):
+        offset_centre = offset
+        ring_ids = [np.array([offset])]
+        pts = [np.array([[0.0, 0.0, zc]])]
+        offset += 1
+        for k in range(1, n_rings + 1):
+            n_k = sections if k == n_rings else max(6, round(sections * k / n_rings))
+            a = np.arange(n_k) * (2.0 * math.pi / n_k)
+            r = radius * k / n_rings
+            pts.append(np.stack([r * np.cos(a), r * np.sin(a), np.full(n_k, zc)], -1))
+            ring_ids.append(np.arange(offset, offset + n_k))
+            offset += n_k
+        first = ring_ids[1]
+        cap = [(offset_centre, first[(k + 1) % len(first)], first[k]) for k in range(len(first))]
+        for k in range(1, n_rings):
+            cap += _stitch_rings(ring_ids[k], ring_ids[k + 1])
+        verts.append(np.concatenate(pts))
+        tris.append(np.asarray(cap, np.int32))
+    v, t = _weld(np.concatenate(verts), np.concatenate(tris))
+    return v, _orient_outward(v, t)
+
+
+def _random_quaternion(rng: np.random.Generator) -> np.ndarray:
+    q = rng.normal(size=4)
+    q /= np.linalg.norm(q)
+    return q * (1.0 if q[0] >= 0 else -1.0)
+
+
+def standard_meshes(seed: int = STANDARD_SEED) -> list[SceneMesh]:
+    """The standard scene: 8 closed meshes of ~5k triangles at rotated poses on a 4 x 2 grid."""
+    shapes = [
+        ("icosphere", icosphere(0.25, 4)),
+        ("ellipsoid", ellipsoid((0.35, 0.2, 0.15), 4)),
+        ("torus_thin", torus(0.3, 0.08, 96, 26)),
+        ("torus_fat", torus(0.25, 0.1, 64, 40)),
+        ("box", box((0.5, 0.4, 0.3), 0.02)),
+        ("plate", box((0.8, 0.5, 0.06), 0.02)),
+        ("cylinder_long", cylinder(0.15, 0.6, 56)),
+        ("cylinder_wide", cylinder(0.25, 0.2, 92)),
+    ]
+    rng = np.random.default_rng(seed)
+    meshes = []
+    for k, (name, (v, t)) in enumerate(shapes):
+        x, y = 1.0 * (k % 4) - 1.5, 1.0 * (k // 4) - 0.5
+        position = np.array([x, y, 0.5]) + rng.uniform(-0.05, 0.05, size=3)
+        meshes.append(SceneMesh(name, v, t, np.concatenate([position, _random_quaternion(rng)])))
+    return meshes
+
+
+# --------------------------------------------------------------------------------------- spheres
+def surface_samples(meshes: list[SceneMesh], count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Area-uniform points on the union of the meshes' surfaces and their outward unit normals,
+    both (count, 3) float64 in the world frame."""
+    tris, normals = [], []
+    for m in meshes:
+        w = m.world_vertices().astype(np.float64)[m.triangles]
+        tris.append(w)
+        n = np.cross(w[:, 1] - w[:, 0], w[:, 2] - w[:, 0])
+        normals.append(n)
+    tri = np.concatenate(tris)
+    nrm = np.concatenate(normals)
+    area = np.linalg.norm(nrm, axis=1)
+    pick = rng.choice(tri.shape[0], size=count, p=area / area.sum())
+    r1 = np.sqrt(rng.uniform(size=count))
+    r2 = rng.uniform(size=count)
+    t = tri[pick]
+    points = (1 - r1)[:, None] * t[:, 0] + (r1 * (1 - r2))[:, None] * t[:, 1] + (r1 * r2)[:, None] * t[:, 2]
+    return points, nrm[pick] / area[pick, None]
+
+
+def near_surface_spheres(meshes: list[SceneMesh], count: int, seed: int = STANDARD_SEED + 1,
+                         radius: float = SPHERE_RADIUS, offset: float = SURFACE_OFFSET) -> np.ndarray:
+    """(count, 4) float32 spheres x,y,z,r: surface points moved along the normal by U[-offset, offset]."""
+    rng = np.random.default_rng(seed)
+    points, normals = surface_samples(meshes, count, rng)
+    centres = points + normals * rng.uniform(-offset, offset, size=(count, 1))
+    return np.concatenate([centres, np.full((count, 1), radius)], axis=1).astype(np.float32)
+
+
+def trajectories(meshes: list[SceneMesh], batch: int, horizon: int, spheres: int,
+                 step: tuple[float, float] = (0.01, 0.02), seed: int = STANDARD_SEED + 2,
+                 radius: float = SPHERE_RADIUS) -> np.ndarray:
+    """(batch, horizon, spheres, 4) float32: each (batch, sphere) is a random walk of ``horizon``
+    steps of length U[step] in random directions, starting near the surfaces, like the spheres of
+    MPC rollouts (consecutive steps close together)."""
+    rng = np.random.default_rng(seed)
+    start = near_surface_spheres(meshes, batch * spheres, seed=seed + 1, radius=radius)[:, :3]
+    d = rng.normal(size=(horizon - 1, batch * spheres, 3))
+    d *= (rng.uniform(*step, size=d.shape[:2]) / np.linalg.norm(d, axis=-1))[..., None]
+    walk = np.concatenate([start[None], start[None] + np.cumsum(d, axis=0)])  # (h, b*n, 3)
+    walk = walk.reshape(horizon, batch, spheres, 3).transpose(1, 0, 2, 3)
+    out = np.empty((batch, horizon, spheres, 4), np.float32)
+    out[..., :3] = walk
+    out[..., 3] = radius
+    return out

@@ -1,0 +1,129 @@
+"""robot_sdf.io: mesh files written by trimesh round-trip; primitives have the asked geometry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import trimesh
+
+import reference as ref
+from robot_sdf.io import box_mesh, cylinder_mesh, load_mesh, sphere_mesh
+
+FORMATS = ["stl", "obj", "ply", "glb"]
+
+
+def canonical_triangles(vertices: np.ndarray, triangles: np.ndarray) -> np.ndarray:
+    """Triangles as (T, 9) coordinates, each rotated (orientation kept) to start at its smallest
+    vertex, rows sorted: equal for two meshes with the same oriented faces, whatever the indexing."""
+    tri = np.asarray(vertices, dtype=np.float64)[np.asarray(triangles)]
+    keys = np.round(tri, 5)
+    out = np.empty_like(tri)
+    for i in range(len(tri)):
+        order = [tuple(k) for k in keys[i]]
+        start = order.index(min(order))
+        out[i] = np.roll(tri[i], -start, axis=0)
+    flat = out.reshape(len(tri), 9)
+    return flat[np.lexsort(np.round(flat, 5).T[::-1])]
+
+
+@pytest.fixture(scope="module")
+def source_mesh():
+    """An asymmetric closed mesh: a squashed, shifted icosphere."""
+    v, t = ref.icosphere(0.2, 1)
+    return v * np.array([1.0, 0.6, 1.4]) + np.array([0.1, -0.05, 0.3]), t
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_round_trip(tmp_path, source_mesh, fmt):
+    v, t = source_mesh
+    path = tmp_path / f"mesh.{fmt}"
+    trimesh.Trimesh(vertices=v, faces=t, process=False).export(str(path))
+    lv, lt = load_mesh(path)
+    assert lv.dtype == np.float32 and lv.ndim == 2 and lv.shape[1] == 3
+    assert lt.dtype == np.int32 and lt.ndim == 2 and lt.shape == (len(t), 3)
+    assert lt.min() >= 0 and lt.max() < len(lv)
+    np.testing.assert_allclose(canonical_triangles(lv, lt), canonical_triangles(v, t), atol=1e-6)
+    # same solid: same signed distances (so the winding survived too)
+    pts = np.random.default_rng(0).uniform(-0.3, 0.6, size=(100, 3))
+    np.testing.assert_allclose(ref.signed_distance(pts, lv, lt)[0], ref.signed_distance(pts, v, t)[0], atol=1e-6)
+    # scale
+    sv, st = load_mesh(path, scale=0.001)
+    np.testing.assert_allclose(sv, lv * 0.001, rtol=1e-6)
+    np.testing.assert_array_equal(st, lt)
+
+
+def test_box_mesh_geometry():
+    v, t = box_mesh((0.2, 0.4, 0.6))
+    assert v.dtype == np.float32 and t.dtype == np.int32
+    np.testing.assert_allclose(v.min(axis=0), [-0.1, -0.2, -0.3], atol=1e-7)
+    np.testing.assert_allclose(v.max(axis=0), [0.1, 0.2, 0.3], atol=1e-7)
+    # a closed, outward-wound solid: the reference box distance everywhere
+    pts = np.random.default_rng(1).uniform(-0.5, 0.5, size=(200, 3))
+    rv, rt = ref.box((0.2, 0.4, 0.6))
+    np.testing.assert_allclose(ref.signed_distance(pts, v, t)[0], ref.signed_distance(pts, rv, rt)[0], atol=1e-6)
+
+
+def test_sphere_mesh_geometry():
+    v, t = sphere_mesh(0.3, subdivisions=2)
+    np.testing.assert_allclose(np.linalg.norm(v, axis=1), 0.3, atol=1e-6)
+    assert len(t) == 20 * 4**2
+    np.testing.assert_allclose(ref.winding_number(np.zeros((1, 3)), v, t), 1.0, atol=1e-9)
+    # inscribed polyhedron: the centre is between the sagitta and the radius deep
+    sd = ref.signed_distance(np.zeros((1, 3)), v, t)[0][0]
+    assert -0.3 <= sd < -0.28
+
+
+def test_cylinder_mesh_geometry():
+    v, t = cylinder_mesh(0.1, 0.5, sections=24)
+    np.testing.assert_allclose([v[:, 2].min(), v[:, 2].max()], [-0.25, 0.25], atol=1e-7)
+    r = np.linalg.norm(v[:, :2], axis=1)
+    assert r.max() == pytest.approx(0.1, abs=1e-6)
+    np.testing.assert_allclose(ref.winding_number(np.array([[0, 0, 0.0], [0.05, 0, 0.2]]), v, t), 1.0, atol=1e-9)
+    np.testing.assert_allclose(ref.winding_number(np.array([[0.2, 0, 0.0], [0, 0, 0.3]]), v, t), 0.0, atol=1e-9)
+    # the side at the centre height is radius-accurate to the polygon's apothem
+    sd = ref.signed_distance(np.array([[0.0, 0.0, 0.0]]), v, t)[0][0]
+    assert -0.1 <= sd <= -0.1 * np.cos(np.pi / 24) + 1e-6
+
+
+@pytest.mark.parametrize("call", [
+    lambda: box_mesh((0.1, -0.2, 0.3)),
+    lambda: box_mesh((0.1, 0.2)),
+    lambda: box_mesh((0.1, np.nan, 0.3)),
+    lambda: sphere_mesh(0.0),
+    lambda: sphere_mesh(-1.0),
+    lambda: cylinder_mesh(0.1, 0.0),
+    lambda: cylinder_mesh(-0.1, 1.0),
+])
+def test_bad_primitives(call):
+    with pytest.raises(ValueError):
+        call()
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ValueError):
+        load_mesh(tmp_path / "missing.stl")
+    garbage = tmp_path / "garbage.stl"
+    garbage.write_bytes(b"\x00\x01 this is not an stl file \xff" * 3)
+    with pytest.raises(ValueError):
+        load_mesh(garbage)
+    empty = tmp_path / "empty.obj"
+    empty.write_text("")
+    with pytest.raises(ValueError):
+        load_mesh(empty)
+    points_only = tmp_path / "points.obj"
+    points_only.write_text("v 0 0 0\nv 1 0 0\nv 0 1 0\n")
+    with pytest.raises(ValueError):
+        load_mesh(points_only)
+    text = tmp_path / "mesh.txt"
+    text.write_text("solid x\nendsolid x\n")
+    with pytest.raises(ValueError):
+        load_mesh(text)
+    directory = tmp_path / "dir.stl"
+    directory.mkdir()
+    with pytest.raises(ValueError):
+        load_mesh(directory)
+    good = tmp_path / "good.stl"
+    trimesh.Trimesh(*ref.box((1, 1, 1)), process=False).export(str(good))
+    for scale in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError):
+            load_mesh(good, scale=scale)
