@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -31,6 +31,7 @@ import rclpy
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 
+from robot_sdf.ros.conversions import float32_array, uint32_array
 from robot_sdf_interfaces.srv import EvaluateSphereCost, EvaluateSweptSphereCost, QuerySignedDistance
 
 _counter = itertools.count()
@@ -57,20 +58,20 @@ class CostResult:
     latency_s: float
 
 
-@dataclass
-class DistanceResult:
-    """Result of query_signed_distance: distance (n,), gradient (n,3), world_revision."""
+class DistanceResult(NamedTuple):
+    """Result of query_signed_distance (unpacks as ``distance, gradient, world_revision``).
+
+    distance: (n,) float32 [m], negative inside; gradient: (n,3) unit direction of increasing
+    distance; both on the device of the query points. world_revision: world state used.
+    """
 
     distance: torch.Tensor
     gradient: torch.Tensor
     world_revision: int
 
-    def __iter__(self):  # allows ``distance, gradient, revision = client.signed_distance(...)``
-        return iter((self.distance, self.gradient, self.world_revision))
-
 
 def _float_field(t: torch.Tensor) -> array.array:
-    return array.array("f", t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return float32_array(t.detach().to("cpu", torch.float32).numpy())
 
 
 def _tensor(field: array.array, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
@@ -218,10 +219,7 @@ class SdfClient:
         req.batch, req.horizon, req.spheres_per_step = int(b), int(h), int(n)
         req.spheres = _float_field(spheres)
         if env_index is not None:
-            e = torch.as_tensor(env_index).detach().to("cpu", torch.int64).reshape(-1).numpy()
-            if e.size and e.min() < 0:
-                raise ValueError("env_index must be >= 0")
-            req.env_index = array.array("I", e.astype(np.uint32).tobytes())
+            req.env_index = uint32_array(torch.as_tensor(env_index).detach().cpu().reshape(-1).numpy())
         req.activation_distance = float(activation_distance)
         req.weight = float(weight)
         req.compute_gradient = bool(compute_gradient)

@@ -65,12 +65,12 @@ def parse_obstacle(entry: dict, base_dir: Path) -> ObstacleSpec:
     """One obstacle mapping -> ObstacleSpec; ValueError names what is wrong."""
     if not isinstance(entry, dict):
         raise ValueError(f"obstacle must be a mapping, got {type(entry).__name__}")
-    unknown = set(entry) - _KNOWN_KEYS
-    if unknown:
-        raise ValueError(f"unknown keys {sorted(unknown)}")
     oid = entry.get("id")
     if not isinstance(oid, str) or not oid:
         raise ValueError("missing or empty 'id'")
+    unknown = set(entry) - _KNOWN_KEYS
+    if unknown:
+        raise ValueError(f"obstacle {oid!r}: unknown keys {sorted(unknown)}; allowed: {sorted(_KNOWN_KEYS)}")
     if ("mesh" in entry) == ("primitive" in entry):
         raise ValueError(f"obstacle {oid!r}: give exactly one of 'mesh' or 'primitive'")
     try:

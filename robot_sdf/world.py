@@ -77,17 +77,22 @@ def _content_key(vertices: np.ndarray, triangles: np.ndarray) -> bytes:
 
 
 class _ReadWriteLock:
-    """Many readers or one writer; used only around in-place refits."""
+    """Many readers or one writer, writer-preferring; used only around in-place refits.
+
+    A waiting writer stops new readers from entering, so a stream of overlapping evaluations
+    cannot postpone a refit indefinitely.
+    """
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._readers = 0
         self._writing = False
+        self._writers_waiting = 0
 
     @contextmanager
     def read(self) -> Iterator[None]:
         with self._cond:
-            while self._writing:
+            while self._writing or self._writers_waiting:
                 self._cond.wait()
             self._readers += 1
         try:
@@ -101,8 +106,12 @@ class _ReadWriteLock:
     @contextmanager
     def write(self) -> Iterator[None]:
         with self._cond:
-            while self._writing or self._readers:
-                self._cond.wait()
+            self._writers_waiting += 1
+            try:
+                while self._writing or self._readers:
+                    self._cond.wait()
+            finally:
+                self._writers_waiting -= 1
             self._writing = True
         try:
             yield
@@ -158,7 +167,12 @@ class MeshWorld:
         return self._capacity
 
     def snapshot(self) -> WorldSnapshot:
-        """The current consistent view (cheap: no copy)."""
+        """The current view (cheap: no copy).
+
+        Structural changes never alter a snapshot once taken. ``update_vertices`` refits a mesh in
+        place, though, so a caller that evaluates a held snapshot concurrently with refits should
+        do it inside ``reading()`` (as every evaluation method of this class does).
+        """
         return self._snapshot
 
     @contextmanager

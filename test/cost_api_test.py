@@ -182,3 +182,22 @@ def test_bad_requests_raise(scene, device):
         world.signed_distance(torch.zeros(4, 2))
     with pytest.raises(ValueError):
         world.signed_distance(torch.zeros(4, 3), env=5)
+
+
+def test_signed_distance_empty_env_and_float64_input(device):
+    world = MeshWorld(device=device, num_envs=2, max_distance=0.3)
+    world.add_mesh("box", BOX_V, BOX_T, env=1)
+    pts = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    dist, grad = world.signed_distance(pts, env=0)
+    np.testing.assert_allclose(dist.cpu().numpy(), [0.3, 0.3])
+    assert torch.all(grad == 0)
+    dist, _ = world.signed_distance(pts, env=1)
+    np.testing.assert_allclose(dist.cpu().numpy(), [-0.125, 0.3], atol=ATOL)
+    # float64 spheres on the caller's side: gradients flow back in float64
+    s = torch.tensor([[[[0.1, 0.05, 0.0, 0.05]]]], dtype=torch.float64, requires_grad=True)
+    cost = world.sphere_cost(s, activation_distance=ETA, env_index=[1])
+    cost.sum().backward()
+    c_ref, g_ref = ref.sphere_cost(s.detach().numpy(), [[], [ref.RefMesh(BOX_V, BOX_T)]], ETA, 1.0, 0.3, env_index=[1])
+    np.testing.assert_allclose(cost.detach().cpu().numpy(), c_ref, atol=ATOL)
+    assert s.grad.dtype == torch.float64
+    np.testing.assert_allclose(s.grad[..., :3].numpy(), g_ref, atol=GRAD_ATOL)

@@ -38,6 +38,13 @@ class Harness:
     def __init__(self, tmp) -> None:
         self.ros = rh.RosHarness(DOMAIN, "sdf_bad_input")
         self.node = rh.NodeProcess(PARAMS, tmp, DOMAIN)
+        try:
+            self._connect()
+        except BaseException:  # never leave the node process behind
+            self.close()
+            raise
+
+    def _connect(self) -> None:
         h = self.ros
         self.mesh_pub = h.publisher(MeshObstacle, "/sdf_server/mesh_obstacles", rh.MESH_QOS)
         self.pose_pub = h.publisher(ObstaclePose, "/sdf_server/obstacle_poses")
@@ -160,24 +167,27 @@ BAD_MESSAGES = [
     ("index out of range", lambda: _add(triangles=_out_of_range_triangles()), "out of range"),
     ("shape_msgs index out of range", _shape_msgs_bad_index, "out of range"),
     ("empty mesh", lambda: _add(vertices=None, triangles=None), "empty mesh"),
-    ("vertices without triangles", lambda: _add(triangles=None), "triangles is empty"),
+    ("vertices without triangles", lambda: _add(triangles=None), "at least one triangle"),
     ("triangles without vertices", lambda: _add(vertices=None), "vertices is empty"),
     ("vertices not a multiple of 3", lambda: _with(_add(), vertices=float32_array(BOX_V.reshape(-1)[:-1])),
-     "not a multiple of 3"),
+     "vertices must have shape (V, 3)"),
     ("triangles not a multiple of 3", lambda: _with(_add(), triangles=BOX_T.reshape(-1)[:-2].tolist()),
-     "not a multiple of 3"),
+     "triangles must have shape (T, 3)"),
+    ("shape_msgs mesh without triangles", lambda: _with(_shape_msgs_bad_index(), mesh=Mesh(
+        vertices=[Point(x=float(a), y=float(b), z=float(c)) for a, b, c in BOX_V])), "at least one triangle"),
     ("degenerate triangles", lambda: _add(vertices=np.zeros((8, 3))), "non-zero area"),
     ("wrong frame", lambda: _add(frame_id="map"), "header.frame_id 'map'"),
     ("empty frame", lambda: _add(frame_id=""), "header.frame_id ''"),
     ("unknown operation", lambda: _add(operation=7), "unknown operation 7"),
-    ("empty id", lambda: _add(id=""), "empty id"),
+    ("empty id", lambda: _add(id=""), "non-empty string"),
+    ("empty id (MOVE)", lambda: _move(GOOD_POSE, id=""), "no mesh '' in env 0"),
     ("env out of range (ADD)", lambda: _add(env=2), "env 2 out of range"),
     ("env out of range (MOVE)", lambda: _move(GOOD_POSE, env=5), "env 5 out of range"),
-    ("MOVE unknown id", lambda: _move(GOOD_POSE, id="ghost"), "unknown id 'ghost'"),
-    ("REMOVE unknown id", lambda: _op(MeshObstacle.REMOVE), "unknown id 'ghost'"),
-    ("ENABLE unknown id", lambda: _op(MeshObstacle.ENABLE), "unknown id 'ghost'"),
-    ("DISABLE unknown id", lambda: _op(MeshObstacle.DISABLE), "unknown id 'ghost'"),
-    ("REMOVE id of the other env", lambda: _op(MeshObstacle.REMOVE, id="good1", env=0), "unknown id 'good1'"),
+    ("MOVE unknown id", lambda: _move(GOOD_POSE, id="ghost"), "no mesh 'ghost' in env 0"),
+    ("REMOVE unknown id", lambda: _op(MeshObstacle.REMOVE), "no mesh 'ghost' in env 0"),
+    ("ENABLE unknown id", lambda: _op(MeshObstacle.ENABLE), "no mesh 'ghost' in env 0"),
+    ("DISABLE unknown id", lambda: _op(MeshObstacle.DISABLE), "no mesh 'ghost' in env 0"),
+    ("REMOVE id of the other env", lambda: _op(MeshObstacle.REMOVE, id="good1", env=0), "no mesh 'good1' in env 0"),
     ("zero quaternion (ADD)", lambda: _add(pose=ZERO_Q), "unit length"),
     ("zero quaternion (MOVE)", lambda: _move(ZERO_Q), "unit length"),
     ("non-unit quaternion (MOVE)", lambda: _move(LONG_Q), "unit length"),
@@ -185,7 +195,7 @@ BAD_MESSAGES = [
 ]
 
 BAD_POSES = [
-    ("ObstaclePose unknown id", lambda: make_obstacle_pose("ghost", GOOD_POSE), "unknown id 'ghost'"),
+    ("ObstaclePose unknown id", lambda: make_obstacle_pose("ghost", GOOD_POSE), "no mesh 'ghost' in env 0"),
     ("ObstaclePose NaN", lambda: make_obstacle_pose("good", NAN_POSE), "not finite"),
     ("ObstaclePose zero quaternion", lambda: make_obstacle_pose("good", ZERO_Q), "unit length"),
     ("ObstaclePose wrong frame", lambda: make_obstacle_pose("good", GOOD_POSE, frame_id="base"),
@@ -265,8 +275,10 @@ BAD_REQUESTS = [
     ("batch 2**31", "sphere", lambda: _sphere_req(batch=2**31), "exceeds max_spheres_per_request"),
     ("uint32 max sizes", "sphere", lambda: _sphere_req(batch=2**32 - 1, horizon=2**32 - 1, spheres_per_step=2**32 - 1),
      "exceeds max_spheres_per_request"),
-    ("env_index wrong length", "sphere", lambda: _sphere_req(env_index=[0, 0, 0]), "env_index has 3 entries"),
-    ("env_index out of range", "sphere", lambda: _sphere_req(env_index=[2]), "out of range"),
+    ("env_index wrong length", "sphere", lambda: _sphere_req(env_index=[0, 0, 0]),
+     "env_index must have one entry per batch row (1), got 3"),
+    ("env_index out of range", "sphere", lambda: _sphere_req(env_index=[2]), "env_index values must be in [0, 2)"),
+    ("env_index beyond int32", "sphere", lambda: _sphere_req(env_index=[2**32 - 1]), "env_index values must be in"),
     ("NaN in spheres", "sphere", lambda: _sphere_req(_nan_spheres()), "not finite"),
     ("inf radius", "sphere", lambda: _sphere_req(_inf_spheres()), "not finite"),
     ("NaN activation distance", "sphere", lambda: _sphere_req(activation_distance=float("nan")), "must be finite"),
@@ -278,7 +290,7 @@ BAD_REQUESTS = [
     ("negative speed_dt with speed metric", "swept", lambda: _swept_req(speed_dt=-0.1, enable_speed_metric=True),
      "speed_dt must be > 0"),
     ("swept NaN spheres", "swept", lambda: _swept_req(_nan_spheres()), "not finite"),
-    ("swept env_index out of range", "swept", lambda: _swept_req(env_index=[7]), "out of range"),
+    ("swept env_index out of range", "swept", lambda: _swept_req(env_index=[7]), "env_index values must be in"),
     ("points not a multiple of 3", "sd", lambda: _sd_req(np.zeros(7)), "not a multiple of 3"),
     ("points empty", "sd", lambda: _sd_req([]), "points is empty"),
     ("points env out of range", "sd", lambda: _sd_req(np.zeros(3), env=2), "env 2 out of range"),

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+import rclpy.parameter
 import torch
 import trimesh
 import yaml
@@ -43,8 +44,17 @@ class Server:
     """The running node and the test side's endpoints."""
 
     def __init__(self, tmp) -> None:
-        domain = rh.domain_id(11)
-        self.harness = rh.RosHarness(domain)
+        self.harness = rh.RosHarness(rh.domain_id(11))
+        self.node: rh.NodeProcess | None = None
+        try:
+            self._start(tmp)
+        except BaseException:  # never leave the node process behind
+            if self.node is not None:
+                self.node.stop()
+            self.harness.close()
+            raise
+
+    def _start(self, tmp) -> None:
         h = self.harness
         self.mesh_pub = h.publisher(MeshObstacle, "/sdf_server/mesh_obstacles", rh.MESH_QOS)
         # Published before the node exists: transient_local must hand it over at start.
@@ -67,7 +77,7 @@ class Server:
             scene_file=str(tmp / "scene.yaml"), marker_rate_hz=20.0, publish_request_markers=True,
             slice_plane="xy", slice_offset=0.5, slice_center=[0.0, 5.0], slice_size=[1.6, 1.6],
             slice_resolution=0.05, slice_env=0, slice_rate_hz=10.0, diagnostics_rate_hz=10.0)
-        self.node = rh.NodeProcess(self.params, tmp, domain)
+        self.node = rh.NodeProcess(self.params, tmp, rh.domain_id(11))
         self.sphere = h.client(EvaluateSphereCost, "/sdf_server/evaluate_sphere_cost")
         self.swept = h.client(EvaluateSweptSphereCost, "/sdf_server/evaluate_swept_sphere_cost")
         self.sd = h.client(QuerySignedDistance, "/sdf_server/query_signed_distance")
@@ -458,3 +468,52 @@ def test_diagnostics(server):
     p50, p95 = float(values["latency_p50_ms"]), float(values["latency_p95_ms"])
     assert 0 < p50 <= p95 < 10_000
     assert float(values["request_rate_hz"]) >= 0
+
+
+def test_queries_are_not_queued_behind_a_mesh_update(server):
+    """A mesh update that takes long (here: held inside MeshWorld.add_mesh, as a big BVH build
+    would be) must not delay service requests: the node's callback groups and executor threads
+    let the query run meanwhile, against the previous world state."""
+    import threading
+
+    from rclpy.executors import MultiThreadedExecutor
+
+    from robot_sdf.ros.sdf_server import SdfServer
+
+    ctx = server.harness.context
+    node = SdfServer(context=ctx, namespace="/inproc", parameter_overrides=[
+        rclpy.parameter.Parameter(k, value=v) for k, v in dict(
+            device="cpu", marker_rate_hz=0.0, slice_rate_hz=0.0, diagnostics_rate_hz=0.0).items()])
+    entered, release = threading.Event(), threading.Event()
+    add_mesh = node.world.add_mesh
+
+    def slow_add_mesh(*args, **kwargs):
+        entered.set()
+        assert release.wait(30.0)
+        return add_mesh(*args, **kwargs)
+
+    node.world.add_mesh = slow_add_mesh
+    executor = MultiThreadedExecutor(num_threads=4, context=ctx)
+    executor.add_node(node)
+    spin = threading.Thread(target=executor.spin, daemon=True)
+    spin.start()
+    try:
+        pub = server.harness.publisher(MeshObstacle, "/inproc/sdf_server/mesh_obstacles", rh.MESH_QOS)
+        client = server.harness.client(QuerySignedDistance, "/inproc/sdf_server/query_signed_distance")
+        assert client.wait_for_service(timeout_sec=10.0)
+        v, t = ref.box((0.2, 0.2, 0.2))
+        pub.publish(make_mesh_obstacle("slow", v, t))
+        assert entered.wait(10.0), "the mesh update never started"
+        req = QuerySignedDistance.Request(points=float32_array([0.0, 0.0, 0.0]))
+        t0 = time.monotonic()
+        resp = server.harness.call(client, req, timeout=10.0)
+        assert resp.success and resp.world_revision == 0 and resp.distance[0] == pytest.approx(MAX_D)
+        assert not release.is_set() and time.monotonic() - t0 < 5.0
+        release.set()
+        rh.wait_until(lambda: server.harness.call(client, req).world_revision == 1, 10.0, what="the slow mesh")
+        assert server.harness.call(client, req).distance[0] == pytest.approx(-0.1, abs=1e-5)
+    finally:
+        release.set()
+        executor.shutdown(timeout_sec=2.0)
+        node.destroy_node()
+        spin.join(timeout=5.0)

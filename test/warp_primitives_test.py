@@ -413,3 +413,39 @@ def test_winding_number_on_open_meshes(device):
             assert np.all(val_ref <= 0)  # a sheet has no inside on either side
         mask = grad_mask(s, [m])
         np.testing.assert_allclose(np_(g[..., :3])[mask], g_ref[mask], atol=GRAD_ATOL)
+
+
+def test_zero_activation_distance(device, meshes):
+    """eta = 0: the cost is the plain penetration r - sd (no quadratic zone, no division by 0)."""
+    rng = np.random.default_rng(25)
+    wenv = build_warp_env([meshes], device)
+    s = random_spheres(rng, (1, 2, 50), meshes)
+    _, cost, g, _ = run_cost(s, wenv, device, eta=0.0)
+    c_ref, g_ref = ref.sphere_cost(s, [meshes], 0.0, 1.0, MAX_DIST)
+    assert np.sum(c_ref > 0) > 5
+    assert torch.isfinite(cost).all() and torch.isfinite(g).all()
+    np.testing.assert_allclose(np_(cost), c_ref, atol=COST_ATOL, rtol=1e-4)
+    mask = grad_mask(s, meshes)
+    np.testing.assert_allclose(np_(g[..., :3])[mask], g_ref[mask], atol=GRAD_ATOL)
+
+
+def test_strided_output_buffers(device, meshes):
+    """Outputs that are views into larger tensors are filled in place."""
+    rng = np.random.default_rng(26)
+    wenv = build_warp_env([meshes], device)
+    s = random_spheres(rng, (2, 3, 10), meshes)
+    qs = torch.tensor(s, dtype=torch.float32, device=device).requires_grad_()
+    big_cost = torch.full((2, 3, 20), float("nan"), device=device)
+    big_grad = torch.full((2, 3, 10, 8), float("nan"), device=device)
+    sparsity = torch.zeros((2, 3, 10), dtype=torch.uint8, device=device)
+    out_cost = big_cost[:, :, ::2]
+    out_grad = big_grad[..., 2:6]
+    assert not out_cost.is_contiguous() and not out_grad.is_contiguous()
+    SdfMeshWarpPy.apply(qs, out_cost, out_grad, sparsity, scalar(1.0, device), scalar(ETA, device),
+                        wenv.mesh_idx, wenv.mesh_pose_inverse, wenv.mesh_enable, wenv.n_env_mesh,
+                        scalar(MAX_DIST, device))
+    c_ref, g_ref = ref.sphere_cost(s, [meshes], ETA, 1.0, MAX_DIST)
+    np.testing.assert_allclose(np_(out_cost), c_ref, atol=COST_ATOL, rtol=1e-4)
+    mask = grad_mask(s, meshes)
+    np.testing.assert_allclose(np_(out_grad[..., :3])[mask], g_ref[mask], atol=GRAD_ATOL)
+    assert torch.isnan(big_cost[:, :, 1::2]).all()  # neighbours of the view untouched

@@ -4,9 +4,10 @@ Both backends expose the same four things to the MPC loop:
 
 - ``collision(spheres (b,h,n,4), compute_gradient) -> CollisionEval`` (swept sphere cost);
 - ``move(obstacle_id, pose (7,), env)``: move an obstacle (ObstaclePose message / world.set_pose);
-- ``sync()``: block until every move so far is part of the world the next request sees, and
-  return that world revision (the ROS path waits for the node to apply the pose messages, so
-  the run does not depend on message timing and both paths see the same world at every step);
+- ``sync()``: the world revision that includes every move so far; every later ``collision``
+  answer is computed against it (the ROS path repeats a request that overtook its pose
+  messages, so the run does not depend on message timing and both paths see the same world at
+  every step);
 - ``device`` (where the costs are computed) and ``close()``.
 
 Only ServiceBackend imports ROS, and only when it is constructed.
@@ -161,6 +162,7 @@ class ServiceBackend(_Common):
             time.sleep(0.02)
         self._expected = self._revision()
         self._pending: list[Any] = []
+        self.stale_requests = 0  # requests repeated because they overtook a pose message
 
     def _on_diagnostics(self, msg) -> None:
         for status in msg.status:
@@ -172,11 +174,32 @@ class ServiceBackend(_Common):
         return int(self.client.signed_distance(torch.zeros((1, 3))).world_revision)
 
     def collision(self, spheres: torch.Tensor, compute_gradient: bool) -> CollisionEval:
-        res = self.client.swept_sphere_cost(
-            spheres, sweep_steps=self.sweep_steps, speed_dt=self.speed_dt, enable_speed_metric=False,
-            activation_distance=self.activation_distance, weight=self.weight,
-            compute_gradient=compute_gradient)
-        return CollisionEval(res.cost, res.gradient, int(res.world_revision), float(res.latency_s))
+        """One swept-cost request, answered for a world that includes every pose sent so far.
+
+        A request that overtook the pose messages (the node serves requests and pose updates
+        in different callback groups) is repeated, so results never depend on message timing.
+        """
+        deadline = time.monotonic() + self.timeout_s
+        resend = time.monotonic() + 1.0
+        while True:
+            res = self.client.swept_sphere_cost(
+                spheres, sweep_steps=self.sweep_steps, speed_dt=self.speed_dt, enable_speed_metric=False,
+                activation_distance=self.activation_distance, weight=self.weight,
+                compute_gradient=compute_gradient)
+            if res.world_revision >= self._expected:
+                self._pending.clear()
+                self._expected = int(res.world_revision)
+                return CollisionEval(res.cost, res.gradient, int(res.world_revision), float(res.latency_s))
+            now = time.monotonic()
+            if now > deadline:
+                raise RuntimeError(f"{self.server} did not apply the obstacle poses within {self.timeout_s:.0f} s "
+                                   f"(revision {res.world_revision}, expected {self._expected})")
+            if now > resend:  # best-effort input: re-send once a second if one got lost
+                for msg in self._pending:
+                    self._pose_pub.publish(msg)
+                resend = now + 1.0
+            self.stale_requests += 1
+            time.sleep(0.001)
 
     def move(self, obstacle_id: str, pose: np.ndarray, env: int = 0) -> None:
         from robot_sdf.ros.conversions import make_obstacle_pose
@@ -188,24 +211,8 @@ class ServiceBackend(_Common):
         self._expected += 1
 
     def sync(self) -> int:
-        """Wait until the node applied every pose sent so far (its revision counts them)."""
-        deadline = time.monotonic() + self.timeout_s
-        resend = time.monotonic() + 1.0
-        while True:
-            rev = self._revision()
-            if rev >= self._expected:
-                self._pending.clear()
-                self._expected = rev
-                return rev
-            now = time.monotonic()
-            if now > deadline:
-                raise RuntimeError(f"{self.server} did not apply the obstacle poses within "
-                                   f"{self.timeout_s:.0f} s (revision {rev}, expected {self._expected})")
-            if now > resend:  # best-effort input: re-send once a second if one got lost
-                for msg in self._pending:
-                    self._pose_pub.publish(msg)
-                resend = now + 1.0
-            time.sleep(0.002)
+        """The revision the next requests must see (collision() waits for the node to reach it)."""
+        return self._expected
 
     def publish_markers(self, spheres: np.ndarray, plan: np.ndarray, path: np.ndarray,
                         goal: np.ndarray, height: float) -> None:

@@ -110,9 +110,10 @@ def run_mpc(scenario: Scenario, backend, config: MpcConfig, robot: SphereRobot |
                 t0 = time.perf_counter()
                 res = mpc.step(state, control)
                 step_time = time.perf_counter() - t0
-                if res.world_revision != revision:
+                if res.world_revision < revision:
                     raise RuntimeError(f"step {k}: cost computed against world revision "
-                                       f"{res.world_revision}, expected {revision}")
+                                       f"{res.world_revision}, older than {revision}")
+                row["world_revision"] = int(res.world_revision)
                 control = res.control
                 row.update({
                     "control": _round(control, 6), "latency_s": res.latency_s,
@@ -140,6 +141,7 @@ def run_mpc(scenario: Scenario, backend, config: MpcConfig, robot: SphereRobot |
         if log_file is not None:
             log_file.close()
     summary = summarize(rows, scenario, config, time.perf_counter() - wall0, mode, backend.device)
+    summary["repeated_requests"] = int(getattr(backend, "stale_requests", 0))
     if out_dir is not None:
         (out_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n")
     return summary

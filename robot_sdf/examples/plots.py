@@ -47,6 +47,20 @@ def _draw_obstacles(ax, scenario: Scenario, poses: dict[str, list[float]], color
                                          alpha=alpha_moving if is_moving else 1.0, zorder=2))
 
 
+def _label_obstacles(ax, scenario: Scenario) -> None:
+    """Name each static obstacle at its centre (and the file it came from, for mesh files)."""
+    moving = {m.id for m in scenario.moving}
+    for spec in scenario.obstacles:
+        if spec.id in moving:
+            continue
+        centre = transform(spec.pose, spec.vertices)[:, :2].mean(axis=0)
+        text = spec.id.replace("_", " ")
+        if spec.source and not spec.source.startswith("primitive"):
+            text += f"\n({Path(spec.source).name})"
+        ax.text(centre[0], centre[1], text, ha="center", va="center", fontsize=7.5, color="white",
+                zorder=8, linespacing=1.1)
+
+
 def _robot_circles(ax, robot: SphereRobot, state, color, alpha: float, lw: float = 1.0, zorder: int = 4,
                    fill: bool = False) -> None:
     for x, y, _, r in robot.spheres_np(state):
@@ -99,6 +113,7 @@ def top_view(rows: list[dict[str, Any]], scenario: Scenario, summary: dict[str, 
         ax.text(float(np.mean(band[:, 0])), float(band[:, 1].max()) + 0.04, label, ha="center", va="bottom", fontsize=8.5, color="#a0521a", zorder=8,
                 bbox=dict(facecolor="white", edgecolor="none", alpha=0.7, pad=1.0))
     _draw_obstacles(ax, scenario, {}, alpha_moving=0.0)
+    _label_obstacles(ax, scenario)
     # Robot and slider snapshots at the same times, in the same colour.
     stride = max(1, int(round(snapshot_every_s / max(t[1] - t[0], 1e-9)))) if len(t) > 1 else 1
     snaps = list(range(0, len(rows), stride))
@@ -117,7 +132,7 @@ def top_view(rows: list[dict[str, Any]], scenario: Scenario, summary: dict[str, 
     for r in rows:
         for s in r.get("samples", []):
             s = np.asarray(s)
-            ax.plot(s[:, 0], s[:, 1], color="#9aa5b1", lw=0.5, alpha=0.5, zorder=3)
+            ax.plot(s[:, 0], s[:, 1], color="#9aa5b1", lw=0.5, alpha=0.35, zorder=3)
     plan_every = max(1, len(rows) // 12)
     for r in rows[::plan_every]:
         if "plan" in r:

@@ -3,8 +3,9 @@
 Importing this package does not import rclpy; the submodules do:
 
 - ``robot_sdf.ros.parameters``: the node's parameter table and its validation.
-- ``robot_sdf.ros.conversions``: numpy <-> message conversions and publisher helpers
-  (``make_mesh_obstacle``, ``make_obstacle_pose``), markers and point clouds.
+- ``robot_sdf.ros.conversions``: numpy <-> message conversions, publisher helpers
+  (``make_mesh_obstacle``, ``make_obstacle_pose``) and the distance-slice point cloud.
+- ``robot_sdf.ros.markers``: rviz markers of meshes and request spheres.
 - ``robot_sdf.ros.sdf_server``: the node (console script ``sdf_server``).
 
 The MPC-side client lives in ``robot_sdf.client``.

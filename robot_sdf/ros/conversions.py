@@ -91,30 +91,24 @@ def array_to_pose(pose) -> Pose:
 
 
 def mesh_arrays(msg: MeshObstacle) -> tuple[np.ndarray, np.ndarray]:
-    """Geometry of an ADD message -> vertices (V,3) float32, triangles (T,3) int64.
+    """Geometry of an ADD message -> vertices, triangles as numpy arrays (flat or (n,3)).
 
-    Uses the flat ``vertices``/``triangles`` fields, or ``mesh`` (shape_msgs/Mesh) when
-    ``vertices`` is empty. Checks only the message structure (lengths, emptiness); the world
-    checks the content (finite values, index range). Raises ValueError.
+    Uses the flat ``vertices``/``triangles`` fields (zero-copy views), or ``mesh``
+    (shape_msgs/Mesh) when ``vertices`` is empty. Only decides which form the message uses
+    (ValueError when neither holds geometry); shapes, finite values and index ranges are checked
+    by MeshWorld.add_mesh.
     """
     if len(msg.vertices) > 0:
-        v = as_float32(msg.vertices)
-        t = as_uint32(msg.triangles)
-        if v.size % 3:
-            raise ValueError(f"vertices has {v.size} floats, not a multiple of 3")
-        if t.size % 3:
-            raise ValueError(f"triangles has {t.size} indices, not a multiple of 3")
-        if t.size == 0:
-            raise ValueError("vertices given but triangles is empty")
-        return v.reshape(-1, 3), t.reshape(-1, 3).astype(np.int64)
+        return as_float32(msg.vertices), as_uint32(msg.triangles)
     if len(msg.triangles) > 0:
         raise ValueError("triangles given but vertices is empty")
     mesh = msg.mesh
-    if len(mesh.vertices) == 0 or len(mesh.triangles) == 0:
+    if len(mesh.vertices) == 0:
         raise ValueError("empty mesh: neither vertices/triangles nor mesh holds geometry")
     # shape_msgs/Mesh is a list of objects: the slow path the flat fields exist to avoid.
     v = np.array([(p.x, p.y, p.z) for p in mesh.vertices], dtype=np.float32)
-    t = np.stack([np.asarray(tri.vertex_indices) for tri in mesh.triangles]).astype(np.int64)
+    t = (np.stack([np.asarray(tri.vertex_indices) for tri in mesh.triangles])
+         if len(mesh.triangles) else np.zeros((0, 3), np.uint32))
     return v, t
 
 

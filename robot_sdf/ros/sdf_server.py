@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 import numpy as np
 import rclpy
+import torch
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from geometry_msgs.msg import PoseStamped
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
@@ -41,6 +42,7 @@ from sensor_msgs.msg import PointCloud2
 from std_msgs.msg import Header
 from visualization_msgs.msg import MarkerArray
 
+from robot_sdf import MeshWorld
 from robot_sdf.ros import conversions as conv
 from robot_sdf.ros.markers import MarkerState
 from robot_sdf.ros.parameters import ConfigError, ServerConfig, declare_and_validate
@@ -54,8 +56,6 @@ MESH_QOS = QoSProfile(depth=100, history=HistoryPolicy.KEEP_LAST,
 POSE_QOS = QoSProfile(depth=10, history=HistoryPolicy.KEEP_LAST,
                       reliability=ReliabilityPolicy.BEST_EFFORT,
                       durability=DurabilityPolicy.VOLATILE)
-# Speed metric off: speed_dt is unused, any positive value keeps the core's checks quiet.
-_UNUSED_SPEED_DT = 0.1
 
 
 class RequestError(ValueError):
@@ -64,6 +64,16 @@ class RequestError(ValueError):
 
 class RejectedInput(ValueError):
     """A topic message that is dropped; its text goes into the warning log."""
+
+
+# What MeshWorld raises for input it refuses (it validates before changing or computing
+# anything): ValueError for bad values, KeyError for unknown mesh ids.
+_REFUSED = (ValueError, KeyError)
+
+
+def _reason(exc: Exception) -> str:
+    """The message of a refusal (str(KeyError) would add quotes around it)."""
+    return str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
 
 
 class RequestStats:
@@ -116,12 +126,6 @@ class SdfServer(Node):
         super().__init__(NODE_NAME, **node_kwargs)
         self.config = declare_and_validate(self)
         cfg = self.config
-        # Heavy imports after the parameters passed: a bad configuration fails fast.
-        import torch
-
-        from robot_sdf import MeshWorld
-
-        self._torch = torch
         try:
             self.world = MeshWorld(device=cfg.device, num_envs=cfg.num_envs,
                                    mesh_capacity=cfg.mesh_capacity, sign_method=cfg.sign_method,
@@ -200,7 +204,6 @@ class SdfServer(Node):
 
     def _warm_up(self) -> None:
         """Run each query once so the Warp kernels are loaded before the services appear."""
-        torch = self._torch
         dev = self.world.device
         spheres = torch.tensor([[[[0.0, 0.0, 0.0, 0.1]], [[0.1, 0.0, 0.0, 0.1]]]], device=dev)
         self.world.evaluate_sphere_cost(spheres, compute_gradient=True)
@@ -218,24 +221,19 @@ class SdfServer(Node):
         """Run one world update; log its outcome; never let an exception escape."""
         try:
             done = apply()
-        except (RejectedInput, ValueError, KeyError, TypeError, IndexError) as exc:
-            self._reject(what, str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc))
+        except _REFUSED as exc:
+            self._reject(what, _reason(exc))
         except Exception as exc:  # noqa: BLE001 - a topic callback must not kill the node
             self._reject(what, f"internal error {type(exc).__name__}: {exc}")
         else:
             if done:
                 self.get_logger().info(f"{what}: {done}")
 
-    def _check_target(self, frame_id: str, obstacle_id: str, env: int, must_exist: bool) -> None:
+    def _check_frame(self, frame_id: str) -> None:
+        # Ids, envs, geometry and poses are checked by MeshWorld itself; frames are ROS-only.
         if frame_id != self.config.world_frame:
             raise RejectedInput(f"header.frame_id '{frame_id}' is not the world frame "
                                 f"'{self.config.world_frame}'")
-        if not obstacle_id:
-            raise RejectedInput("empty id")
-        if env >= self.config.num_envs:
-            raise RejectedInput(f"env {env} out of range (num_envs {self.config.num_envs})")
-        if must_exist and not self.world.has_mesh(obstacle_id, env):
-            raise RejectedInput(f"unknown id '{obstacle_id}' in env {env}")
 
     def _on_mesh_obstacle(self, msg: MeshObstacle) -> None:
         op = conv.OPERATION_NAMES.get(msg.operation)
@@ -246,12 +244,12 @@ class SdfServer(Node):
         if op is None:
             raise RejectedInput(f"unknown operation {msg.operation} (expected 0..4: "
                                 f"{', '.join(conv.OPERATION_NAMES.values())})")
-        self._check_target(msg.header.frame_id, msg.id, msg.env, must_exist=op != "ADD")
+        self._check_frame(msg.header.frame_id)
         world, env = self.world, int(msg.env)
         if op == "ADD":
             vertices, triangles = conv.mesh_arrays(msg)
             rev = world.add_mesh(msg.id, vertices, triangles, pose=conv.pose_to_array(msg.pose), env=env)
-            return f"{len(vertices)} vertices, {len(triangles)} triangles -> revision {rev}"
+            return f"{vertices.size // 3} vertices, {triangles.size // 3} triangles -> revision {rev}"
         if op == "REMOVE":
             rev = world.remove_mesh(msg.id, env=env)
         elif op == "MOVE":
@@ -263,7 +261,7 @@ class SdfServer(Node):
 
     def _on_obstacle_pose(self, msg: ObstaclePose) -> None:
         def apply() -> str:
-            self._check_target(msg.header.frame_id, msg.id, msg.env, must_exist=True)
+            self._check_frame(msg.header.frame_id)
             self.world.set_pose(msg.id, conv.pose_to_array(msg.pose), env=int(msg.env))
             return ""
 
@@ -272,9 +270,12 @@ class SdfServer(Node):
     def _pose_topic_callback(self, topic: str, targets: list[tuple[str, int]]):
         def callback(msg: PoseStamped) -> None:
             def apply() -> str:
+                self._check_frame(msg.header.frame_id)
                 pose = conv.pose_to_array(msg.pose)
+                # all targets or none: a scene obstacle may have been REMOVEd meanwhile
                 for obstacle_id, env in targets:
-                    self._check_target(msg.header.frame_id, obstacle_id, env, must_exist=True)
+                    if not self.world.has_mesh(obstacle_id, env):
+                        raise RejectedInput(f"obstacle '{obstacle_id}' (env {env}) was removed")
                 for obstacle_id, env in targets:
                     self.world.set_pose(obstacle_id, pose, env=env)
                 return ""
@@ -291,9 +292,9 @@ class SdfServer(Node):
         try:
             compute(response)
             response.success, response.message = True, ""
-        except RequestError as exc:
-            self._fail(response, str(exc))
-            self.get_logger().warning(f"{name}: rejected request: {exc}")
+        except _REFUSED as exc:  # RequestError is a ValueError
+            self._fail(response, _reason(exc))
+            self.get_logger().warning(f"{name}: rejected request: {_reason(exc)}")
         except Exception as exc:  # noqa: BLE001 - a service callback must not kill the node
             self._fail(response, f"internal error {type(exc).__name__}: {exc}")
             self.get_logger().error(f"{name}: internal error: {exc!r}")
@@ -312,8 +313,12 @@ class SdfServer(Node):
             raise RequestError(f"{name} must be finite, got {value}")
         return float(value) if value > 0 else default
 
-    def _spheres(self, request) -> tuple[Any, Any]:
-        """Validate the common cost request fields -> spheres (b,h,n,4) tensor, env_index or None."""
+    def _spheres(self, request) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Common cost request fields -> spheres (b,h,n,4) tensor, env_index (b,) or None.
+
+        Checks what MeshWorld does not: sizes, the request limit and finite values (env_index
+        length and range are the world's checks).
+        """
         b, h, n = int(request.batch), int(request.horizon), int(request.spheres_per_step)
         count = b * h * n  # Python ints: no overflow whatever the uint32 fields hold
         if count == 0:
@@ -330,16 +335,8 @@ class SdfServer(Node):
             raise RequestError(f"sphere (batch {bad[0]}, step {bad[1]}, sphere {bad[2]}) is not "
                                f"finite")
         env = conv.as_uint32(request.env_index)
-        if env.size not in (0, b):
-            raise RequestError(f"env_index has {env.size} entries, expected 0 or batch = {b}")
-        if env.size and int(env.max()) >= self.config.num_envs:
-            raise RequestError(f"env_index value {int(env.max())} out of range "
-                               f"(num_envs {self.config.num_envs})")
-        torch = self._torch
-        dev = self.world.device
-        spheres = torch.from_numpy(flat.reshape(b, h, n, 4)).to(dev)
-        env_index = torch.from_numpy(env.astype(np.int32)).to(dev) if env.size else None
-        return spheres, env_index
+        spheres = torch.from_numpy(flat.reshape(b, h, n, 4)).to(self.world.device)
+        return spheres, torch.from_numpy(env.astype(np.int64)) if env.size else None
 
     def _fill_cost(self, response, request, spheres, cost, grad, revision: int) -> None:
         response.world_revision = int(revision)
@@ -373,13 +370,9 @@ class SdfServer(Node):
             if steps > self.config.max_sweep_steps:
                 raise RequestError(f"sweep_steps {steps} exceeds max_sweep_steps "
                                    f"{self.config.max_sweep_steps}")
-            dt = float(request.speed_dt)
-            if request.enable_speed_metric and not (math.isfinite(dt) and dt > 0):
-                raise RequestError(f"speed_dt must be > 0 with enable_speed_metric, got {dt}")
             cost, grad, rev = self.world.evaluate_swept_sphere_cost(
                 spheres, activation_distance=eta, weight=weight, sweep_steps=steps,
-                speed_dt=dt if request.enable_speed_metric else _UNUSED_SPEED_DT,
-                enable_speed_metric=bool(request.enable_speed_metric), env_index=env_index,
+                speed_dt=float(request.speed_dt), enable_speed_metric=bool(request.enable_speed_metric), env_index=env_index,
                 compute_gradient=bool(request.compute_gradient), return_revision=True)
             self._fill_cost(resp, request, spheres, cost, grad, rev)
 
@@ -404,14 +397,11 @@ class SdfServer(Node):
             if not np.isfinite(flat).all():
                 bad = int(np.flatnonzero(~np.isfinite(flat))[0]) // 3
                 raise RequestError(f"point {bad} is not finite")
-            env = int(request.env)
-            if env >= self.config.num_envs:
-                raise RequestError(f"env {env} out of range (num_envs {self.config.num_envs})")
             max_d = self._scalar_or_default(request.max_distance, self.config.max_distance,
                                             "max_distance")
-            points = self._torch.from_numpy(flat.reshape(n, 3)).to(self.world.device)
+            points = torch.from_numpy(flat.reshape(n, 3)).to(self.world.device)
             (dist, grad), rev = _call_with_revision(self.world, self.world.signed_distance, points,
-                                                    env=env, max_distance=max_d)
+                                                    env=int(request.env), max_distance=max_d)
             resp.world_revision = int(rev)
             resp.distance = conv.float32_array(dist.detach().cpu().numpy())
             resp.gradient = conv.float32_array(grad.detach().cpu().numpy())
@@ -435,7 +425,6 @@ class SdfServer(Node):
         if self._slice_pub.get_subscription_count() == 0:
             return
         try:
-            torch = self._torch
             points = torch.from_numpy(self._slice_points).to(self.world.device)
             with torch.no_grad():
                 dist, _ = self.world.signed_distance(points, env=self.config.slice_env)
@@ -490,23 +479,28 @@ def _call_with_revision(world, fn: Callable[..., Any], *args: Any, **kwargs: Any
 
 
 def main(args: list[str] | None = None) -> int:
-    """Console script ``sdf_server``: run the node until shutdown. Exit code 2 on bad config."""
+    """Console script ``sdf_server``: run the node until shutdown (SIGINT: exit code 0).
+
+    Exit code 2 when the parameters or the scene file are invalid.
+    """
     rclpy.init(args=args)
+    node: SdfServer | None = None
+    executor: MultiThreadedExecutor | None = None
     try:
         node = SdfServer()
+        executor = MultiThreadedExecutor(num_threads=4)
+        executor.add_node(node)
+        executor.spin()
     except ConfigError as exc:
         rclpy.logging.get_logger(NODE_NAME).error(f"invalid configuration: {exc}")
-        rclpy.try_shutdown()
         return 2
-    executor = MultiThreadedExecutor(num_threads=4)
-    executor.add_node(node)
-    try:
-        executor.spin()
     except (KeyboardInterrupt, ExternalShutdownException):
-        pass
+        pass  # SIGINT may land before spin() (rclpy then raises KeyboardInterrupt) or during it
     finally:
-        executor.shutdown()
-        node.destroy_node()
+        if executor is not None:
+            executor.shutdown()
+        if node is not None:
+            node.destroy_node()
         rclpy.try_shutdown()
     return 0
 

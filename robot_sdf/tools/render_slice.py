@@ -118,8 +118,8 @@ def render(cloud: np.ndarray, output: Path, title: str = "") -> Path:
     ax.set_ylabel(f"{bn} [m]")
     cb = fig.colorbar(im, ax=ax, fraction=0.03, pad=0.02)
     cb.set_label("signed distance [m] (negative inside)")
-    ax.legend(handles=[Line2D([], [], color="black", lw=1.6, label="zero level (surface)")],
-              loc="upper right", fontsize=8)
+    ax.legend(handles=[Line2D([], [], color="black", lw=1.6, label="zero level (obstacle surface)")],
+              loc="upper left", bbox_to_anchor=(0.0, -0.1), fontsize=9, frameon=False)
     ax.set_title(title or f"distance slice {an}{bn} at {normal} = {offset:.3f} m "
                           f"({cloud.shape[0]} points)", fontsize=11)
     fig.tight_layout()
