@@ -77,11 +77,12 @@ def swept_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, swee
                                         int(sweep_steps), bool(enable_speed_metric), env, False, snap.sign_method)
 
 
-def signed_distance(world, points, env=0, max_distance=None):
+def signed_distance(world, points, env=0, max_distance=None, return_revision=False):
     """Signed distance (n,) of points (n,3) to the union of env's meshes, and its gradient (n,3).
 
     Negative inside, positive outside, +max_distance where no surface is within max_distance.
     The distance is differentiable w.r.t. the points; the gradient is returned detached.
+    With return_revision, a third element is the world revision used.
     """
     pts = torch.as_tensor(points)
     if pts.dim() != 2 or pts.shape[-1] != 3:
@@ -101,7 +102,9 @@ def signed_distance(world, points, env=0, max_distance=None):
         else:
             launch_sphere_cost(*args, compute_esdf=True, compute_grad=True, sign_method=snap.sign_method)
             dist = cost
-    return dist.reshape(-1), grad.detach().reshape(-1, 4)[:, :3]
+        revision = snap.revision
+    result = (dist.reshape(-1), grad.detach().reshape(-1, 4)[:, :3])
+    return result + (revision,) if return_revision else result
 
 
 def _speed_dt(world, speed_dt, enable_speed_metric):

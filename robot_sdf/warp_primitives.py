@@ -12,6 +12,7 @@ rewritten on every call. ``backward`` returns grad_output[..., None] * out_grad 
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -22,6 +23,7 @@ from robot_sdf.types import SignMethod
 
 _CPU_MIN_SPHERES_PER_THREAD = 2048
 _cpu_pool: ThreadPoolExecutor | None = None
+_cpu_pool_lock = threading.Lock()
 _initialised = False
 
 
@@ -71,13 +73,15 @@ def _launch(kernel, total: int, inputs_before_range: list, outputs: list, device
     if threads == 1:
         wp.launch(kernel, dim=total, inputs=[*inputs_before_range, 0, total], outputs=outputs, device=wdev)
         return
-    if _cpu_pool is None or _cpu_pool._max_workers < threads:
-        _cpu_pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="robot_sdf_warp")
+    with _cpu_pool_lock:
+        if _cpu_pool is None or _cpu_pool._max_workers < threads:
+            _cpu_pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="robot_sdf_warp")
+        pool = _cpu_pool
     # First launch of a module compiles/loads it; do that once before going parallel.
     wp.load_module(kernel.module, device=wdev)
     chunk = (total + threads - 1) // threads
     futures = [
-        _cpu_pool.submit(
+        pool.submit(
             wp.launch, kernel, dim=min(chunk, total - start),
             inputs=[*inputs_before_range, start, total], outputs=outputs, device=wdev,
         )

@@ -50,12 +50,15 @@ class _Geometry:
     def __init__(self, key: bytes, vertices: np.ndarray, triangles: np.ndarray, device: torch.device,
                  winding_number: bool):
         self.key = key
-        self.vertices = vertices
-        self.triangles = triangles
+        # Private read-only copies: the content key must keep describing what the BVH holds.
+        self.vertices = np.array(vertices, dtype=np.float32, copy=True)
+        self.triangles = np.array(triangles, dtype=np.int32, copy=True)
+        self.vertices.setflags(write=False)
+        self.triangles.setflags(write=False)
         self.radius = geometry.bounding_radius(vertices)
         wdev = warp_device(device)
-        self.points = wp.array(vertices, dtype=wp.vec3, device=wdev)
-        self.indices = wp.array(triangles.reshape(-1), dtype=wp.int32, device=wdev)
+        self.points = wp.array(self.vertices, dtype=wp.vec3, device=wdev)
+        self.indices = wp.array(self.triangles.reshape(-1), dtype=wp.int32, device=wdev)
         self.mesh = wp.Mesh(points=self.points, indices=self.indices, support_winding_number=winding_number)
         self.users = 0
 
@@ -211,8 +214,9 @@ class MeshWorld:
         _check_area(v, t)
         p = geometry.validate_pose(pose)
         key = _content_key(v, t)
+        prebuilt = self._prebuild(key, v, t)
         with self._write_lock:
-            geo = self._acquire_geometry(key, v, t)
+            geo = self._acquire_geometry(key, v, t, prebuilt)
             slot = self._find(name, env)
             if slot is None:
                 self._slots[env].append(_Slot(name, geo, p, bool(enabled)))
@@ -261,6 +265,7 @@ class MeshWorld:
             _check_area(v, old.triangles)
             key = _content_key(v, old.triangles)
             if old.users > 1 or key in self._geometries or key in self._unused:
+                # Rare path (shared geometry): built under the lock for simplicity.
                 slot.geometry = self._acquire_geometry(key, v, old.triangles)
                 self._release_geometry(old)
             else:
@@ -297,12 +302,21 @@ class MeshWorld:
             raise KeyError(f"no mesh {name!r} in env {env}")
         return slot
 
-    def _acquire_geometry(self, key: bytes, v: np.ndarray, t: np.ndarray) -> _Geometry:
+    def _prebuild(self, key: bytes, v: np.ndarray, t: np.ndarray) -> _Geometry | None:
+        """Build the BVH of new content before taking the write lock, so that other writers
+        (pose updates, enable flags) are not queued behind a build. None if cached."""
+        with self._write_lock:
+            if key in self._geometries or key in self._unused:
+                return None
+        return _Geometry(key, v, t, self.device, self.sign_method == SignMethod.WINDING_NUMBER)
+
+    def _acquire_geometry(self, key: bytes, v: np.ndarray, t: np.ndarray,
+                          prebuilt: _Geometry | None = None) -> _Geometry:
         geo = self._geometries.get(key)
         if geo is None:
             geo = self._unused.pop(key, None)
             if geo is None:
-                geo = _Geometry(key, v, t, self.device, self.sign_method == SignMethod.WINDING_NUMBER)
+                geo = prebuilt or _Geometry(key, v, t, self.device, self.sign_method == SignMethod.WINDING_NUMBER)
             self._geometries[key] = geo
         geo.users += 1
         return geo
@@ -359,9 +373,9 @@ class MeshWorld:
         return cost.swept_sphere_cost(self, spheres, activation_distance, weight, sweep_steps, speed_dt,
                                       enable_speed_metric, env_index, max_distance)
 
-    def signed_distance(self, points, env=0, max_distance=None):
+    def signed_distance(self, points, env=0, max_distance=None, return_revision=False):
         from robot_sdf import cost
-        return cost.signed_distance(self, points, env, max_distance)
+        return cost.signed_distance(self, points, env, max_distance, return_revision)
 
     def evaluate_sphere_cost(self, spheres, activation_distance=0.05, weight=1.0, env_index=None,
                              max_distance=None, compute_gradient=True, return_revision=False):

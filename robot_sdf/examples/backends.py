@@ -27,6 +27,19 @@ from robot_sdf.examples.mppi import CollisionEval
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "config"
 
 
+def quiet_warp() -> None:
+    """Keep Warp's start-up banner and module-load lines out of the demo's output.
+
+    (warp-lang 1.19 dropped ``wp.config.quiet``; its ``log_level`` is what silences them.)
+    """
+    try:
+        import warp as wp
+
+        wp.config.log_level = max(int(wp.config.log_level), int(wp.LOG_WARNING))
+    except (ImportError, AttributeError):  # older/newer Warp: leave its defaults
+        pass
+
+
 def config_path(name: str) -> Path:
     """A file of the package's config/ directory: the source checkout first, else the installed
     share directory (ament index). Raises FileNotFoundError naming both places."""

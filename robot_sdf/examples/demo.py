@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from robot_sdf.examples.backends import read_node_params, resolve_scene_file
+from robot_sdf.examples.backends import quiet_warp, read_node_params, resolve_scene_file
 from robot_sdf.examples.mpc_demo import (
     add_mpc_arguments,
     format_summary,
@@ -152,7 +152,7 @@ def run_ros(args, scenario, params_file: Path, config) -> dict:
         say("[2/4] driving through /sdf_server/evaluate_swept_sphere_cost ...")
         backend = make_backend(False, scenario, params_file, config, args.server, args.timeout)
         summary = run_mpc(scenario, backend, config, max_steps=args.max_steps, out_dir=args.out, progress=say,
-                          mode=f"ROS services of {args.server}")
+                          mode=f"ROS services of {args.server}", realtime=args.realtime)
         if summary["device"] == "unknown" and node.device():
             summary["device"] = node.device()
         backend.close()
@@ -177,7 +177,7 @@ def run_in_process(args, scenario, params_file: Path, config, note: str = "") ->
     say(f"[2/4] driving with world.evaluate_swept_sphere_cost (device {backend.device}) ...")
     try:
         summary = run_mpc(scenario, backend, config, max_steps=args.max_steps, out_dir=args.out, progress=say,
-                          mode="in-process" + note)
+                          mode="in-process" + note, realtime=args.realtime)
     finally:
         backend.close()
     say("[3/4] (no node: no node distance slice)")
@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
     args = parser.parse_args(argv)
     os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+    quiet_warp()
     t_start = time.perf_counter()
     scenario, params_file = resolve_inputs(args)
     config = mpc_config(args)

@@ -31,6 +31,7 @@ from robot_sdf.examples.backends import (
     InProcessBackend,
     ServiceBackend,
     config_path,
+    quiet_warp,
     read_node_params,
 )
 from robot_sdf.examples.mppi import MpcConfig, Mppi
@@ -69,10 +70,12 @@ def _round(a, digits: int = 4):
 
 def run_mpc(scenario: Scenario, backend, config: MpcConfig, robot: SphereRobot | None = None,
             max_steps: int = 300, out_dir: Path | None = None, sample_every: int = 10,
-            progress=print, mode: str = "") -> dict[str, Any]:
+            progress=print, mode: str = "", realtime: bool = False) -> dict[str, Any]:
     """Drive from scenario.start to scenario.goal; returns the summary (also written to out_dir).
 
-    backend: InProcessBackend or ServiceBackend; progress: callable for status lines (or None).
+    backend: InProcessBackend or ServiceBackend; progress: callable for status lines (or None);
+    sample_every: log the best sampled rollouts every this many steps (0 = never);
+    realtime: never run ahead of the simulated clock (to watch the run in rviz).
     """
     robot = robot or SphereRobot()
     referee = Referee(scenario)
@@ -137,6 +140,8 @@ def run_mpc(scenario: Scenario, backend, config: MpcConfig, robot: SphereRobot |
                          f"goal {goal_dist:.2f} m  clearance {row['min_clearance']:+.3f} m{lat}")
             if reached:
                 break
+            if realtime:
+                time.sleep(max(0.0, wall0 + (k + 1) * config.dt - time.perf_counter()))
     finally:
         if log_file is not None:
             log_file.close()
@@ -213,6 +218,8 @@ def add_mpc_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gradient-steps", type=int, default=MpcConfig.gradient_steps)
     parser.add_argument("--seed", type=int, default=MpcConfig.seed)
     parser.add_argument("--timeout", type=float, default=30.0, help="service wait/response timeout [s]")
+    parser.add_argument("--realtime", action="store_true",
+                        help="pace the run at the simulated clock (dt per step), e.g. to watch it in rviz")
 
 
 def mpc_config(args: argparse.Namespace) -> MpcConfig:
@@ -248,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     add_mpc_arguments(parser)
     args = parser.parse_args(argv)
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    quiet_warp()
     scenario, params = resolve_inputs(args)
     config = mpc_config(args)
     try:
@@ -259,9 +267,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     mode = "in-process" if args.in_process else f"ROS services of {args.server}"
     try:
-        summary = run_mpc(scenario, backend, config, max_steps=args.max_steps, out_dir=args.out, mode=mode)
+        summary = run_mpc(scenario, backend, config, max_steps=args.max_steps, out_dir=args.out, mode=mode,
+                          realtime=args.realtime)
     finally:
         backend.close()
+        if not args.in_process:
+            import rclpy
+
+            rclpy.try_shutdown()
     print(format_summary(summary))
     return 0 if summary["goal_reached"] and summary["collision_steps"] == 0 else 1
 

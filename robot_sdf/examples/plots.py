@@ -35,16 +35,14 @@ def footprint(vertices: np.ndarray, triangles: np.ndarray, pose) -> np.ndarray:
     return transform(pose, vertices)[triangles][:, :, :2]
 
 
-def _draw_obstacles(ax, scenario: Scenario, poses: dict[str, list[float]], color_moving=MOVING_COLOR,
-                    alpha_moving: float = 0.9) -> None:
+def _draw_static_obstacles(ax, scenario: Scenario) -> None:
+    """Footprints of the obstacles that do not move, at their scene poses."""
     moving = {m.id for m in scenario.moving}
     for spec in scenario.obstacles:
-        is_moving = spec.id in moving
-        pose = poses.get(spec.id, spec.pose)
-        tris = footprint(spec.vertices, spec.triangles, pose)
-        color = color_moving if is_moving else STATIC_COLOR
-        ax.add_collection(PolyCollection(tris, facecolors=color, edgecolors=color, linewidths=0.3,
-                                         alpha=alpha_moving if is_moving else 1.0, zorder=2))
+        if spec.id not in moving:
+            tris = footprint(spec.vertices, spec.triangles, spec.pose)
+            ax.add_collection(PolyCollection(tris, facecolors=STATIC_COLOR, edgecolors=STATIC_COLOR,
+                                             linewidths=0.3, zorder=2))
 
 
 def _label_obstacles(ax, scenario: Scenario) -> None:
@@ -110,9 +108,10 @@ def top_view(rows: list[dict[str, Any]], scenario: Scenario, summary: dict[str, 
         ax.annotate("", xy=b, xytext=a, arrowprops=dict(arrowstyle="<|-|>", color=MOVING_COLOR, lw=1.5),
                     zorder=3)
         label = f"{m.id}: slides {2 * m.amplitude:.1f} m, period {m.period:g} s"
-        ax.text(float(np.mean(band[:, 0])), float(band[:, 1].max()) + 0.04, label, ha="center", va="bottom", fontsize=8.5, color="#a0521a", zorder=8,
+        ax.text(float(np.mean(band[:, 0])), float(band[:, 1].max()) + 0.04, label, ha="center", va="bottom",
+                fontsize=8.5, color="#a0521a", zorder=8,
                 bbox=dict(facecolor="white", edgecolor="none", alpha=0.7, pad=1.0))
-    _draw_obstacles(ax, scenario, {}, alpha_moving=0.0)
+    _draw_static_obstacles(ax, scenario)
     _label_obstacles(ax, scenario)
     # Robot and slider snapshots at the same times, in the same colour.
     stride = max(1, int(round(snapshot_every_s / max(t[1] - t[0], 1e-9)))) if len(t) > 1 else 1

@@ -400,8 +400,8 @@ class SdfServer(Node):
             max_d = self._scalar_or_default(request.max_distance, self.config.max_distance,
                                             "max_distance")
             points = torch.from_numpy(flat.reshape(n, 3)).to(self.world.device)
-            (dist, grad), rev = _call_with_revision(self.world, self.world.signed_distance, points,
-                                                    env=int(request.env), max_distance=max_d)
+            dist, grad, rev = self.world.signed_distance(points, env=int(request.env), max_distance=max_d,
+                                                         return_revision=True)
             resp.world_revision = int(rev)
             resp.distance = conv.float32_array(dist.detach().cpu().numpy())
             resp.gradient = conv.float32_array(grad.detach().cpu().numpy())
@@ -460,22 +460,6 @@ class SdfServer(Node):
         """(sequence number, (spheres (k,4), cost (k,)) of batch row 0 of the last cost request)."""
         with self._request_lock:
             return self._request_seq, self._last_request
-
-
-def _call_with_revision(world, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, int]:
-    """Run ``fn`` and name the world revision it saw.
-
-    For queries without ``return_revision`` (signed_distance). MeshWorld swaps immutable
-    snapshots, so a query sees exactly one revision; when the revision did not move across the
-    call that is the one. When an update landed during the call the query is repeated (updates
-    are rare next to queries; after 3 tries the latest is reported).
-    """
-    for _ in range(3):
-        before = world.revision
-        out = fn(*args, **kwargs)
-        if world.revision == before:
-            return out, before
-    return out, world.revision
 
 
 def main(args: list[str] | None = None) -> int:
