@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import warp as wp
 
-from bench import Stats, emit, fmt_rate, load_average, measure, section, table
+from bench import Stats, emit, fmt_ms, fmt_rate, load_average, measure, section, table
 from bench import scenes
 from robot_sdf import MeshWorld, SignMethod
 from robot_sdf.warp_primitives import SdfMeshWarpPy, SweptSdfMeshWarpPy, _launch, warp_device
@@ -348,11 +348,16 @@ def triangle_scaling(b: Bench) -> None:
         worlds[target] = build_world([scene_mesh], b.device)
         runners[target] = CostRunner(worlds[target], scenes.near_surface_spheres([scene_mesh], n_spheres))
         rows.append([f"{len(t):,}", st["build"].ms(), st["refit"].ms(), st["add_mesh"].ms()])
-    res = b.timed({str(k): r.forward_backward for k, r in runners.items()})
-    for row, st in zip(rows, res.values()):
-        row += [st.ms(), fmt_rate(n_spheres / st.median)]
+    cases: dict[str, Callable[[], object]] = {}
+    for k, r in runners.items():
+        cases[f"cost {k}"] = r.forward_backward
+        cases[f"floor {k}"] = FloorRunner(r).threaded
+    res = b.timed(cases)
+    for row, k in zip(rows, runners):
+        cost, floor = res[f"cost {k}"], res[f"floor {k}"]
+        row += [cost.ms(), fmt_rate(n_spheres / cost.median), fmt_ms(floor.median), f"{cost.median / floor.median:.2f}"]
     emit(table(["triangles", "wp.Mesh build ms", "refit ms", "world.add_mesh ms",
-                f"fwd+bwd {n_spheres // 1000}k spheres ms", "throughput"], rows))
+                f"fwd+bwd {n_spheres // 1000}k spheres ms", "throughput", "floor ms", "cost / floor"], rows))
     emit("\nwp.Mesh build = BVH construction from Warp arrays already on the device; world.add_mesh = "
          "validation, content hash, upload, build and snapshot publication (what a mesh ADD costs).")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -57,8 +58,15 @@ def ros_run(tmp_path_factory, params_file):
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     cmd = [sys.executable, "-m", "robot_sdf.examples.demo", "--out", str(out), "--params", str(params_file),
            "--scene", str(SCENE), "--domain-id", str(_domain_id()), "--max-steps", str(MAX_STEPS)]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
-    return out, proc
+    # Own session: if the demo hangs, its whole process group (the node included) is ended.
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+    return out, subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 @pytest.fixture(scope="module")
@@ -283,3 +291,38 @@ def test_demo_says_clearly_when_ros_is_missing(tmp_path, monkeypatch, capsys, pa
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["mode"] == "in-process (ROS unavailable)"
     assert summary["steps"] == 3 and code == 1  # 3 steps do not reach the goal
+
+
+# ------------------------------------------------------------------ shipped assets
+
+
+def test_rviz_config_shows_the_node_and_the_demo():
+    data = yaml.safe_load((REPO / "config" / "robot_sdf.rviz").read_text())
+    manager = data["Visualization Manager"]
+    assert manager["Global Options"]["Fixed Frame"] == "world"
+    displays = {d["Topic"]["Value"]: d for d in manager["Displays"] if "Topic" in d}
+    assert displays["/sdf_server/markers"]["Class"] == "rviz_default_plugins/MarkerArray"
+    cloud = displays["/sdf_server/distance_slice"]
+    assert cloud["Class"] == "rviz_default_plugins/PointCloud2"
+    assert cloud["Color Transformer"] == "Intensity" and cloud["Channel Name"] == "distance"
+    assert displays["/mpc_demo/markers"]["Class"] == "rviz_default_plugins/MarkerArray"
+    assert all(d["Enabled"] for d in displays.values())
+
+
+def test_shipped_mesh_is_small_closed_and_reproducible():
+    import trimesh
+
+    from robot_sdf.tools.make_demo_mesh import boulder
+
+    path = REPO / "config" / "meshes" / "boulder.stl"
+    assert path.stat().st_size < 200_000
+    mesh = trimesh.load(str(path), force="mesh", process=True)
+    assert mesh.is_watertight and mesh.is_winding_consistent and mesh.volume > 0  # outward normals
+    v, t = boulder()
+    # STL stores float32 corners per triangle: compare the triangle soups, rows in one order.
+    def soup(vertices, triangles):
+        rows = np.round(np.asarray(vertices, dtype=np.float64)[triangles].reshape(-1, 9), 5)
+        return rows[np.lexsort(rows.T[::-1])]
+
+    assert len(mesh.faces) == len(t)
+    np.testing.assert_allclose(soup(mesh.vertices, mesh.faces), soup(v, t), atol=2e-5)

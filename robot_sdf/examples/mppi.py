@@ -48,7 +48,7 @@ class MpcConfig:
     noise_sigma: tuple[float, float, float] = (0.5, 0.5, 0.8)  # std of vx, vy [m/s], wz [rad/s]
     noise_correlation: float = 0.6  # AR(1) coefficient of the noise along the horizon
     temperature: float = 1.0  # lambda of the sample weights exp(-(cost - min cost) / lambda)
-    activation_distance: float = 0.12  # m: the cost starts this far from a surface
+    activation_distance: float = 0.15  # m: the cost starts this far from a surface
     collision_weight: float = 400.0  # per unit of swept sphere cost
     sweep_steps: int = 2  # extra samples per half segment (sphere tracing)
     goal_weight: float = 1.0  # per m of distance to the goal, per second of horizon

@@ -96,7 +96,7 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "sends <= 0.", "> 0", _positive, float_range=(0.0, 100.0)),
     ParamSpec("weight", 1.0, "Default cost weight when a request sends <= 0.", "> 0", _positive,
               float_range=(0.0, 1e9)),
-    ParamSpec("sign_method", "default", "Inside/outside test of the mesh queries: default, "
+    ParamSpec("sign_method", "normal", "Inside/outside test of the mesh queries: default, "
               "normal, winding_number or parity (see config/sdf_server.yaml).",
               "default|normal|winding_number|parity", _one_of(SIGN_METHODS)),
     ParamSpec("max_spheres_per_request", 2_000_000, "Largest batch*horizon*spheres_per_step one "

@@ -100,8 +100,8 @@ def draw_distance_map(ax, us: np.ndarray, vs: np.ndarray, dist: np.ndarray, vmax
     return im
 
 
-def render(cloud: np.ndarray, output: Path, title: str = "") -> Path:
-    """Write the PNG of a parsed cloud (N, 4)."""
+def render(cloud: np.ndarray, output: Path, title: str = "", source: str = "") -> Path:
+    """Write the PNG of a parsed cloud (N, 4); source (e.g. the topic) goes into the default title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -120,8 +120,8 @@ def render(cloud: np.ndarray, output: Path, title: str = "") -> Path:
     cb.set_label("signed distance [m] (negative inside)")
     ax.legend(handles=[Line2D([], [], color="black", lw=1.6, label="zero level (obstacle surface)")],
               loc="upper left", bbox_to_anchor=(0.0, -0.1), fontsize=9, frameon=False)
-    ax.set_title(title or f"distance slice {an}{bn} at {normal} = {offset:.3f} m "
-                          f"({cloud.shape[0]} points)", fontsize=11)
+    ax.set_title(title or f"{source + ': ' if source else ''}signed distance on the {an}{bn} plane at "
+                          f"{normal} = {offset:.3f} m ({cloud.shape[0]} points)", fontsize=11)
     fig.tight_layout()
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         cloud = parse_cloud(msg)
-        out = render(cloud, args.output, title="")
+        out = render(cloud, args.output, source=topic)
     except ValueError as exc:
         print(f"render_slice: cannot use the cloud on {topic}: {exc}", file=sys.stderr)
         return 2
