@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import warp as wp
 
-wp.config.quiet = True
+# Warp's banner and per-module load lines are noise in a node's log.
+wp.config.log_level = wp.LOG_WARNING
 wp.set_module_options({"enable_backward": False})
 
 SIGN_NORMAL = wp.constant(0)

@@ -44,7 +44,7 @@ def init_warp() -> None:
     """Initialise Warp once, quietly."""
     global _initialised
     if not _initialised:
-        wp.config.quiet = True
+        wp.config.log_level = wp.LOG_WARNING
         wp.init()
         _initialised = True
 

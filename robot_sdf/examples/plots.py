@@ -234,16 +234,20 @@ def distance_slice(rows: list[dict[str, Any]], scenario: Scenario, summary: dict
     _frame(ax, scenario)
     ax.grid(False)
     xy = np.array([[r["x"], r["y"]] for r in rows])
-    ax.plot(xy[:, 0], xy[:, 1], color="#ffb703", lw=2.2, zorder=4, label="executed path")
+    # The map is a snapshot at step k; the slider stands elsewhere at other times, so the path
+    # after k is drawn differently (it may cross where the slider is drawn).
+    ax.plot(xy[: k + 1, 0], xy[: k + 1, 1], color="#ffb703", lw=2.2, zorder=4)
+    ax.plot(xy[k:, 0], xy[k:, 1], color="#ffb703", lw=1.6, ls=(0, (4, 2)), alpha=0.85, zorder=4)
     _robot_circles(ax, robot, [row["x"], row["y"], row["yaw"]], "#fb8500", 1.0, lw=1.6, zorder=5)
     _start_goal(ax, scenario)
     cb = fig.colorbar(im, ax=ax, fraction=0.025, pad=0.01)
     cb.set_label("signed distance [m] (negative inside)")
     handles = [Line2D([], [], color="black", lw=1.6, label="zero level (obstacle surface)"),
-               Line2D([], [], color="#ffb703", lw=2.2, label="executed path"),
+               Line2D([], [], color="#ffb703", lw=2.2, label="executed path up to this moment"),
+               Line2D([], [], color="#ffb703", lw=1.6, ls=(0, (4, 2)), label="later path (slider moved by then)"),
                Line2D([], [], color="#fb8500", marker="o", mfc="none", ls="none", ms=9,
                       label=f"robot at t = {row['t']:.1f} s (clearance {1e3 * row['min_clearance']:.0f} mm)")]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, -0.09), ncol=3, fontsize=9, frameon=False)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, -0.09), ncol=2, fontsize=9, frameon=False)
     ax.set_title(f"signed distance in the robot's plane z = {robot.height:.2f} m at t = {row['t']:.1f} s "
                  "(tightest moment of the run)", fontsize=11)
     fig.tight_layout()
