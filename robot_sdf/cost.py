@@ -27,7 +27,9 @@ def _prepare_env_index(world, env_index, batch: int):
     env = torch.as_tensor(env_index).reshape(-1)
     if env.shape[0] != batch:
         raise ValueError(f"env_index must have one entry per batch row ({batch}), got {env.shape[0]}")
-    if env.numel() and (int(env.min()) < 0 or int(env.max()) >= world.num_envs):
+    # Checked where it is free (host memory); on a GPU the kernel gives rows of an unknown
+    # environment cost 0 rather than paying a device sync here on every call.
+    if env.device.type == "cpu" and env.numel() and (int(env.min()) < 0 or int(env.max()) >= world.num_envs):
         raise ValueError(f"env_index values must be in [0, {world.num_envs}), got [{int(env.min())}, {int(env.max())}]")
     return env.to(device=world.device, dtype=torch.int32)
 
@@ -40,8 +42,23 @@ def _scalars(world, activation_distance, weight, max_distance):
         if v != v or (lower is not None and v < lower):
             raise ValueError(f"{name} must be a number >= {lower}, got {value}")
     dev = world.device
-    return (torch.tensor([float(weight)], device=dev), torch.tensor([float(activation_distance)], device=dev),
-            torch.tensor([max_d], device=dev))
+    return _constant(dev, weight), _constant(dev, activation_distance), _constant(dev, max_d)
+
+
+_constants: dict[tuple[torch.device, float], torch.Tensor] = {}
+_MAX_CONSTANTS = 256
+
+
+def _constant(device: torch.device, value) -> torch.Tensor:
+    """A (1,) float32 tensor holding ``value`` on ``device``, cached: on CUDA a fresh one would
+    cost a host-to-device copy (and a stream sync) on every call. Callers never write to it."""
+    key = (device, float(value))
+    t = _constants.get(key)
+    if t is None:
+        if len(_constants) >= _MAX_CONSTANTS:
+            _constants.clear()
+        t = _constants.setdefault(key, torch.tensor([float(value)], dtype=torch.float32, device=device))
+    return t
 
 
 def _buffers(spheres: torch.Tensor):
@@ -93,7 +110,7 @@ def signed_distance(world, points, env=0, max_distance=None, return_revision=Fal
     # weight -1 turns the ESDF value max_i(-sd_i) into min_i sd_i, the signed distance to the union.
     w, eta, max_d = _scalars(world, 0.0, -1.0, max_distance)
     cost, grad, sparsity = _buffers(spheres)
-    env_index = torch.tensor([env], dtype=torch.int32, device=world.device)
+    env_index = torch.full((1,), int(env), dtype=torch.int32, device=world.device)
     with world.reading() as snap:
         args = (spheres, cost, grad, sparsity, w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable,
                 snap.n_env_mesh, max_d, env_index)
@@ -111,7 +128,7 @@ def _speed_dt(world, speed_dt, enable_speed_metric):
     dt = float(speed_dt)
     if enable_speed_metric and not (dt > 0.0):
         raise ValueError(f"speed_dt must be > 0 with the speed metric, got {speed_dt}")
-    return torch.tensor([dt if dt > 0 else 1.0], device=world.device)
+    return _constant(world.device, dt if dt > 0 else 1.0)
 
 
 def evaluate_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, env_index=None, max_distance=None,

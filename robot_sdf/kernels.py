@@ -74,22 +74,28 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
         hit = wp.mesh_query_point_sign_parity(mesh, p, bound, inside, face, u, v)
 
     if not hit:
-        # Nothing within bound. Outside, unless the centre lies deep inside the mesh: that case
-        # must still pay its full cost, so test it and search without a bound.
+        # Nothing within bound: outside, unless the centre lies deep inside the mesh. That case
+        # must still pay its full cost, so look for it cheaply (crossing parity of two opposite
+        # rays; either odd = maybe inside, robust to one ray grazing a shared edge) and confirm
+        # with the world's own sign method searched without a bound, so that an open mesh is
+        # not called "inside" by parity alone.
         if bounding_radius > 0.0 and centre_dist > bounding_radius:
             return found, sd, grad
-        if sign_method == SIGN_WINDING_NUMBER:
+        if sign_method != SIGN_WINDING_NUMBER:
+            forward = wp.mesh_query_ray_count_intersections(mesh, p, PARITY_RAY)
+            backward = wp.mesh_query_ray_count_intersections(mesh, p, -PARITY_RAY)
+            if forward % 2 == 0 and backward % 2 == 0:
+                return found, sd, grad
+        if sign_method == SIGN_NORMAL:
+            hit = wp.mesh_query_point_sign_normal(mesh, p, UNBOUNDED, inside, face, u, v)
+        elif sign_method == SIGN_DEFAULT:
+            hit = wp.mesh_query_point(mesh, p, UNBOUNDED, inside, face, u, v)
+        elif sign_method == SIGN_WINDING_NUMBER:
             hit = wp.mesh_query_point_sign_winding_number(mesh, p, UNBOUNDED, inside, face, u, v)
-            if not hit or inside >= 0.0:
-                return found, sd, grad
         else:
-            crossings = wp.mesh_query_ray_count_intersections(mesh, p, PARITY_RAY)
-            if crossings % 2 == 0:
-                return found, sd, grad
-            hit = wp.mesh_query_point_no_sign(mesh, p, UNBOUNDED, face, u, v)
-            if not hit:
-                return found, sd, grad
-            inside = -1.0
+            hit = wp.mesh_query_point_sign_parity(mesh, p, UNBOUNDED, inside, face, u, v)
+        if not hit or inside >= 0.0:
+            return found, sd, grad
 
     closest = wp.mesh_eval_position(mesh, face, u, v)
     delta = p - closest
@@ -131,8 +137,8 @@ def sphere_world_cost(
     grad = wp.vec3(0.0, 0.0, 0.0)
     bound = max_dist + radius + eta
     min_sd = bound
-    for slot in range(n_env_mesh[env]):
-        if mesh_enable[env, slot] == wp.uint8(0):
+    for slot in range(wp.min(n_env_mesh[env], mesh_idx.shape[1])):
+        if mesh_enable[env, slot] == wp.uint8(0) or mesh_idx[env, slot] == wp.int64(0):
             continue
         t, q = slot_pose(pose_inv, env, slot)
         p_mesh = wp.quat_rotate(q, p) + t
@@ -170,8 +176,8 @@ def point_world_esdf(
     """max_i(-sd_i) over the meshes of ``env`` (-max_dist when none is in range) and its gradient."""
     best = -max_dist
     grad = wp.vec3(0.0, 0.0, 0.0)
-    for slot in range(n_env_mesh[env]):
-        if mesh_enable[env, slot] == wp.uint8(0):
+    for slot in range(wp.min(n_env_mesh[env], mesh_idx.shape[1])):
+        if mesh_enable[env, slot] == wp.uint8(0) or mesh_idx[env, slot] == wp.int64(0):
             continue
         t, q = slot_pose(pose_inv, env, slot)
         p_mesh = wp.quat_rotate(q, p) + t
@@ -236,7 +242,8 @@ def sphere_cost_kernel(
         cost, grad, clearance = sphere_world_cost(
             p, s[3], activation_distance[0], max_distance[0], env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method
         )
-    out_cost[tid] = w * cost
+    cost = w * cost
+    out_cost[tid] = cost
     out_sparsity[tid] = wp.where(cost > 0.0, wp.uint8(1), wp.uint8(0))
     if compute_grad != 0:
         grad = grad * w
@@ -360,7 +367,7 @@ def closest_point_floor_kernel(
     if tid >= total:
         return
     best = max_dist
-    for slot in range(n_env_mesh[0]):
+    for slot in range(wp.min(n_env_mesh[0], mesh_idx.shape[1])):
         t, q = slot_pose(pose_inv, 0, slot)
         p = wp.quat_rotate(q, points[tid]) + t
         mesh = wp.uint64(mesh_idx[0, slot])

@@ -89,7 +89,7 @@ def parse_obstacle(entry: dict, base_dir: Path) -> ObstacleSpec:
         if topic is not None and (not isinstance(topic, str) or not topic):
             raise ValueError(f"pose_topic must be a non-empty string, got {topic!r}")
         return ObstacleSpec(oid, v, t, _pose(entry), env, bool(entry.get("enabled", True)), topic, source)
-    except ValueError as exc:
+    except (TypeError, ValueError) as exc:  # TypeError: e.g. scale: [1, 2] or radius: null
         raise ValueError(f"obstacle {oid!r}: {exc}") from None
 
 
@@ -126,10 +126,18 @@ def scene_frame(path: str | Path) -> str:
 
 
 def apply_scene(world, specs: list[ObstacleSpec]) -> int:
-    """Add every obstacle to ``world``; all are validated before any is added. Returns the revision."""
+    """Add every obstacle to ``world``; all are validated before any is added, so a bad scene
+    changes nothing. Returns the revision."""
+    from robot_sdf.world import validate_mesh
+
     for spec in specs:
-        if not 0 <= spec.env < world.num_envs:
-            raise ValueError(f"obstacle {spec.id!r}: env {spec.env} out of range (world has {world.num_envs})")
+        try:
+            if not 0 <= spec.env < world.num_envs:
+                raise ValueError(f"env {spec.env} out of range (world has {world.num_envs})")
+            validate_mesh(spec.vertices, spec.triangles)
+            geometry.validate_pose(spec.pose)
+        except ValueError as exc:
+            raise ValueError(f"obstacle {spec.id!r}: {exc}") from None
     for spec in specs:
         world.add_mesh(spec.id, spec.vertices, spec.triangles, spec.pose, spec.env, spec.enabled)
     return world.revision

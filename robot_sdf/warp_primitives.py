@@ -49,9 +49,35 @@ def init_warp() -> None:
         _initialised = True
 
 
-def warp_device(device: torch.device) -> wp.context.Device:
+_loaded_devices: set[str] = set()
+_load_lock = threading.Lock()
+_streams: dict[tuple[int, int], wp.Stream] = {}
+
+
+def warp_device(device: torch.device):
+    """The Warp device of a torch device, with robot_sdf's kernels loaded on it.
+
+    Warp's module loading is not thread-safe, so it happens once per device under a lock
+    (service threads of a node may make their first launches concurrently)."""
     init_warp()
-    return wp.device_from_torch(device)
+    wdev = wp.device_from_torch(device)
+    if wdev.alias not in _loaded_devices:
+        with _load_lock:
+            if wdev.alias not in _loaded_devices:
+                wp.load_module(kernels, device=wdev)
+                _loaded_devices.add(wdev.alias)
+    return wdev
+
+
+def _torch_stream(device: torch.device) -> wp.Stream:
+    """Warp view of torch's current stream on ``device``, cached per stream handle."""
+    ts = torch.cuda.current_stream(device)
+    key = (device.index or 0, int(ts.cuda_stream))
+    stream = _streams.get(key)
+    if stream is None:
+        stream = wp.stream_from_torch(ts)
+        _streams[key] = stream
+    return stream
 
 
 def _launch(kernel, total: int, inputs_before_range: list, outputs: list, device: torch.device) -> None:
@@ -66,8 +92,8 @@ def _launch(kernel, total: int, inputs_before_range: list, outputs: list, device
         return
     wdev = warp_device(device)
     if device.type == "cuda":
-        stream = wp.stream_from_torch(torch.cuda.current_stream(device))
-        wp.launch(kernel, dim=total, inputs=[*inputs_before_range, 0, total], outputs=outputs, device=wdev, stream=stream)
+        wp.launch(kernel, dim=total, inputs=[*inputs_before_range, 0, total], outputs=outputs, device=wdev,
+                  stream=_torch_stream(device))
         return
     threads = min(cpu_threads(), max(1, total // _CPU_MIN_SPHERES_PER_THREAD))
     if threads == 1:
@@ -77,8 +103,6 @@ def _launch(kernel, total: int, inputs_before_range: list, outputs: list, device
         if _cpu_pool is None or _cpu_pool._max_workers < threads:
             _cpu_pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="robot_sdf_warp")
         pool = _cpu_pool
-    # First launch of a module compiles/loads it; do that once before going parallel.
-    wp.load_module(kernel.module, device=wdev)
     chunk = (total + threads - 1) // threads
     futures = [
         pool.submit(
@@ -91,14 +115,26 @@ def _launch(kernel, total: int, inputs_before_range: list, outputs: list, device
         f.result()
 
 
-def _as_warp(t: torch.Tensor, dtype=None) -> wp.array:
-    return wp.from_torch(t, dtype=dtype, requires_grad=False)
+def _as_warp(t: torch.Tensor, dtype=None):
+    """Launch descriptor of a contiguous tensor (the ctype form: 4-5x cheaper than a wp.array)."""
+    return wp.from_torch(t, dtype=dtype, requires_grad=False, return_ctype=True)
 
 
 def _scalar(t, device: torch.device) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         t = torch.tensor([float(t)], dtype=torch.float32)
+    if t.device == device and t.dtype == torch.float32 and t.dim() == 1 and t.shape[0] >= 1:
+        return t
     return t.reshape(-1)[:1].to(device=device, dtype=torch.float32)
+
+
+def _ready(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    if t.device == device and t.dtype == dtype and t.is_contiguous():
+        return t
+    return t.to(device=device, dtype=dtype).contiguous()
+
+
+_no_env_query: dict[torch.device, torch.Tensor] = {}
 
 
 def _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device) -> tuple:
@@ -111,27 +147,35 @@ def _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, d
         raise ValueError(f"mesh_enable must be ({n_env}, {m}), got {tuple(mesh_enable.shape)}")
     if tuple(n_env_mesh.reshape(-1).shape) != (n_env,):
         raise ValueError(f"n_env_mesh must be ({n_env},), got {tuple(n_env_mesh.shape)}")
+    # Mesh ids are addresses on the device the meshes were built on: never move them.
+    if mesh_idx.device != device:
+        raise ValueError(f"mesh_idx is on {mesh_idx.device} but query_spheres on {device}: "
+                         "the world and the spheres must share a device")
     return (
-        _as_warp(mesh_idx.to(device=device, dtype=torch.int64).contiguous()),
-        _as_warp(mesh_pose_inverse.to(device=device, dtype=torch.float32).contiguous()),
-        _as_warp(mesh_enable.to(device=device, dtype=torch.uint8).contiguous()),
-        _as_warp(n_env_mesh.reshape(-1).to(device=device, dtype=torch.int32).contiguous()),
+        _as_warp(_ready(mesh_idx, device, torch.int64)),
+        _as_warp(_ready(mesh_pose_inverse, device, torch.float32)),
+        _as_warp(_ready(mesh_enable, device, torch.uint8)),
+        _as_warp(_ready(n_env_mesh.reshape(-1), device, torch.int32)),
     )
 
 
-def _env_query(env_query_idx, batch: int, device: torch.device) -> tuple[wp.array, int]:
+def _env_query(env_query_idx, batch: int, device: torch.device):
     if env_query_idx is None:
-        return _as_warp(torch.zeros(1, dtype=torch.int32, device=device)), 0
+        unused = _no_env_query.get(device)
+        if unused is None:
+            unused = _no_env_query.setdefault(device, torch.zeros(1, dtype=torch.int32, device=device))
+        return _as_warp(unused), 0
     env = env_query_idx.reshape(-1)
     if env.shape[0] != batch:
         raise ValueError(f"env_query_idx must have one entry per batch row ({batch}), got {env.shape[0]}")
-    return _as_warp(env.to(device=device, dtype=torch.int32).contiguous()), 1
+    return _as_warp(_ready(env, device, torch.int32)), 1
 
 
 class _Outputs:
     """Contiguous views of the caller's output buffers; copies back if the caller's were strided."""
 
-    def __init__(self, out_cost: torch.Tensor, out_grad: torch.Tensor, sparsity_idx: torch.Tensor, shape: tuple):
+    def __init__(self, out_cost: torch.Tensor, out_grad: torch.Tensor, sparsity_idx: torch.Tensor, shape: tuple,
+                 device: torch.device):
         b, h, n = shape
         for name, t, want in (("out_cost", out_cost, (b, h, n)), ("out_grad", out_grad, (b, h, n, 4)),
                               ("sparsity_idx", sparsity_idx, (b, h, n))):
@@ -139,6 +183,8 @@ class _Outputs:
                 raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
         if out_cost.dtype != torch.float32 or out_grad.dtype != torch.float32:
             raise ValueError("out_cost and out_grad must be float32")
+        if any(t.device != device for t in (out_cost, out_grad, sparsity_idx)):
+            raise ValueError(f"out_cost, out_grad and sparsity_idx must be on the spheres' device {device}")
         self._targets = (out_cost, out_grad, sparsity_idx)
         self.cost = out_cost if out_cost.is_contiguous() else torch.empty_like(out_cost, memory_format=torch.contiguous_format)
         self.grad = out_grad if out_grad.is_contiguous() else torch.empty_like(out_grad, memory_format=torch.contiguous_format)
@@ -171,7 +217,7 @@ def launch_sphere_cost(
     """Fill out_cost (b,h,n), out_grad (b,h,n,4) and sparsity_idx for SdfMeshWarpPy's cost."""
     b, h, n = _check_spheres(query_spheres)
     device = query_spheres.device
-    outs = _Outputs(out_cost, out_grad, sparsity_idx, (b, h, n))
+    outs = _Outputs(out_cost, out_grad, sparsity_idx, (b, h, n), device)
     spheres = _as_warp(query_spheres.detach().contiguous().view(-1, 4), dtype=wp.vec4)
     env_arr, use_env = _env_query(env_query_idx, b, device)
     world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
@@ -195,7 +241,7 @@ def launch_swept_sphere_cost(
     if int(sweep_steps) < 0:
         raise ValueError(f"sweep_steps must be >= 0, got {sweep_steps}")
     device = query_spheres.device
-    outs = _Outputs(out_cost, out_grad, sparsity_idx, (b, h, n))
+    outs = _Outputs(out_cost, out_grad, sparsity_idx, (b, h, n), device)
     spheres = _as_warp(query_spheres.detach().contiguous().view(-1, 4), dtype=wp.vec4)
     env_arr, use_env = _env_query(env_query_idx, b, device)
     world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)

@@ -154,3 +154,42 @@ def test_apply_scene_rejects_bad_env_without_changes(tmp_path):
         apply_scene(world, specs)
     assert "b" in str(info.value)
     assert world.revision == 0 and world.mesh_names(0) == [] and world.mesh_names(1) == []
+
+
+# ---------------------------------------------------------------- regressions found in review
+def test_apply_scene_with_a_bad_second_obstacle_changes_nothing(tmp_path):
+    specs = load_scene(write_scene(tmp_path, """
+        obstacles:
+          - id: a
+            primitive: {type: box, size: [0.2, 0.2, 0.2]}
+          - id: b
+            primitive: {type: box, size: [0.2, 0.2, 0.2]}
+    """))
+    specs[1].vertices = np.zeros_like(specs[1].vertices)  # all triangles degenerate
+    world = MeshWorld(device="cpu")
+    with pytest.raises(ValueError, match="'b'"):
+        apply_scene(world, specs)
+    assert world.revision == 0 and world.mesh_names() == []
+
+
+@pytest.mark.parametrize("primitive", ["{type: sphere, radius: [1]}", "{type: sphere, subdivisions: null}",
+                                       "{type: box, size: x}"])
+def test_malformed_values_raise_value_error(tmp_path, primitive):
+    path = write_scene(tmp_path, f"""
+        obstacles:
+          - id: odd
+            primitive: {primitive}
+    """)
+    with pytest.raises(ValueError, match="odd"):
+        load_scene(path)
+
+
+def test_malformed_scale_raises_value_error(tmp_path, mesh_file):
+    path = write_scene(tmp_path, """
+        obstacles:
+          - id: scaled
+            mesh: meshes/wall.stl
+            scale: [1, 2]
+    """)
+    with pytest.raises(ValueError, match="scaled"):
+        load_scene(path)

@@ -449,3 +449,76 @@ def test_strided_output_buffers(device, meshes):
     mask = grad_mask(s, meshes)
     np.testing.assert_allclose(np_(out_grad[..., :3])[mask], g_ref[mask], atol=GRAD_ATOL)
     assert torch.isnan(big_cost[:, :, 1::2]).all()  # neighbours of the view untouched
+
+
+# ---------------------------------------------------------------- regressions found in review
+def _single_mesh_cost(vertices, triangles, spheres: np.ndarray, sign_method: str, max_dist: float,
+                      n_env_mesh=None) -> np.ndarray:
+    import warp as wp
+
+    mesh = wp.Mesh(points=wp.array(np.asarray(vertices, np.float32), dtype=wp.vec3),
+                   indices=wp.array(np.asarray(triangles, np.int32).reshape(-1), dtype=wp.int32),
+                   support_winding_number=sign_method == "winding_number")
+    s = torch.from_numpy(np.asarray(spheres, np.float32)).reshape(1, 1, -1, 4)
+    out_cost = torch.empty(s.shape[:3])
+    out_grad = torch.empty(s.shape)
+    sparsity = torch.zeros(s.shape[:3], dtype=torch.uint8)
+    mesh_idx = torch.tensor([[np.int64(np.uint64(mesh.id).astype(np.int64))]])
+    pose_inv = torch.tensor([[[0, 0, 0, 1, 0, 0, 0, 0]]], dtype=torch.float32)  # pad 0: no cull radius
+    enable = torch.ones(1, 1, dtype=torch.uint8)
+    counts = torch.tensor([1] if n_env_mesh is None else [n_env_mesh], dtype=torch.int32)
+    cost = SdfMeshWarpPy.apply(s, out_cost, out_grad, sparsity, scalar(1.0, "cpu"), scalar(ETA, "cpu"), mesh_idx, pose_inv,
+                               enable, counts, scalar(max_dist, "cpu"), None, False, False, SignMethod.parse(sign_method))
+    return cost.numpy().ravel()
+
+
+@pytest.mark.parametrize("sign_method", ["normal", "default", "winding_number"])
+def test_open_wall_far_in_front_costs_nothing(sign_method):
+    # One-sided quad y=0, normal -y. Spheres in front of it beyond the search bound are outside:
+    # the deep-inside fallback must not call them inside from ray parity alone. (The parity sign
+    # method itself is defined for closed meshes only: it calls these points inside by design.)
+    v = np.array([[-2, 0, -2], [2, 0, -2], [2, 0, 2], [-2, 0, 2]], np.float32)
+    t = np.array([[0, 1, 2], [0, 2, 3]])
+    ys = np.array([-0.3, -0.7, -1.0, -1.5])
+    spheres = np.stack([np.full(4, 0.1), ys, np.full(4, 0.2), np.full(4, 0.05)], 1)
+    expected = ref.point_cost(spheres[:, :3], spheres[:, 3], [ref.RefMesh(v, t, np.array([0, 0, 0, 1, 0, 0, 0.]))],
+                              ETA, 1.0, 0.25)[0]
+    assert np.allclose(expected, 0.0)
+    assert np.allclose(_single_mesh_cost(v, t, spheres, sign_method, max_dist=0.25), 0.0)
+
+
+@pytest.mark.parametrize("sign_method", ["normal", "default", "parity"])
+def test_deep_inside_when_parity_ray_grazes_a_shared_edge(sign_method):
+    # Centres deep inside a cube, placed so that the parity ray leaves through the diagonal edge
+    # shared by the two triangles of the top face (a watertight ray test counts that hit twice).
+    bv, bt = ref.box((2.0, 2.0, 2.0))
+    direction = np.array([0.5773, 0.5774, 0.5775])
+    rng = np.random.default_rng(3)
+    z = rng.uniform(-0.3, 0.3, 400)
+    h = rng.uniform(-0.5, 0.5, 400)
+    travel = (1.0 - z) / direction[2]
+    centres = np.stack([h - direction[0] * travel, h - direction[1] * travel, z], 1)
+    centres = centres[np.all(np.abs(centres) < 0.8, axis=1)]
+    assert len(centres) > 50
+    spheres = np.concatenate([centres, np.full((len(centres), 1), 0.05)], 1)
+    got = _single_mesh_cost(bv, bt, spheres, sign_method, max_dist=0.05)
+    expected = ref.point_cost(centres, spheres[:, 3], [ref.RefMesh(bv, bt, np.array([0, 0, 0, 1, 0, 0, 0.]))],
+                              ETA, 1.0, 0.05)[0]
+    assert np.all(expected > 0.2)
+    np.testing.assert_allclose(got, expected, atol=COST_ATOL)
+
+
+def test_slot_count_beyond_tensor_width_is_clamped():
+    bv, bt = ref.box((0.5, 0.5, 0.5))
+    spheres = np.array([[0.3, 0.0, 0.0, 0.1], [2.0, 0.0, 0.0, 0.1]])
+    clamped = _single_mesh_cost(bv, bt, spheres, "normal", max_dist=0.5, n_env_mesh=1000)
+    np.testing.assert_allclose(clamped, _single_mesh_cost(bv, bt, spheres, "normal", max_dist=0.5), atol=1e-7)
+
+
+def test_outputs_on_another_device_are_rejected():
+    s = torch.zeros(1, 1, 1, 4)
+    with pytest.raises(ValueError, match="device"):
+        SdfMeshWarpPy.apply(s, torch.empty(1, 1, 1, device="meta"), torch.empty(1, 1, 1, 4), torch.zeros(1, 1, 1, dtype=torch.uint8),
+                            scalar(1.0, "cpu"), scalar(ETA, "cpu"), torch.zeros(1, 1, dtype=torch.int64),
+                            torch.zeros(1, 1, 8), torch.zeros(1, 1, dtype=torch.uint8), torch.zeros(1, dtype=torch.int32),
+                            scalar(0.5, "cpu"))

@@ -434,3 +434,56 @@ def test_concurrent_readers_see_consistent_worlds(device):
     assert len(seen) >= 5, f"readers saw too few states: {sorted(seen)}"
     for rev, cost in results.values():
         np.testing.assert_allclose(cost, expected[rev], atol=ATOL, rtol=1e-4, err_msg=f"revision {rev}")
+
+
+# ---------------------------------------------------------------- regressions found in review
+def test_update_vertices_keeps_a_private_read_only_copy():
+    world = MeshWorld(device="cpu", max_distance=MAX_DIST)
+    world.add_mesh("box", BOX_V, BOX_T, POSE_A)
+    grown = np.ascontiguousarray(BOX_V * 1.5, dtype=np.float32)
+    world.update_vertices("box", grown)
+    grown[:] = 0.0  # the caller reuses its buffer
+    stored, _, _, _ = world.mesh_geometry("box")
+    np.testing.assert_allclose(stored, BOX_V * 1.5, rtol=1e-6)
+    assert not stored.flags.writeable
+    np.testing.assert_allclose(world_cost(world), ref_cost([ref.RefMesh(BOX_V * 1.5, BOX_T, POSE_A)]), atol=ATOL)
+
+
+def test_refit_that_grows_a_mesh_updates_the_cull_radius():
+    # A point deep inside the grown box but outside the old bounding sphere must get its cost.
+    world = MeshWorld(device="cpu", max_distance=0.05)
+    v, t = ref.box((2.0, 2.0, 2.0))
+    world.add_mesh("box", v, t)
+    world.update_vertices("box", v * 3.0)
+    spheres = np.array([[[[0.0, 0.0, 2.5, 0.05]]]])
+    cost, _ = world.evaluate_sphere_cost(torch.tensor(spheres, dtype=torch.float32), ETA, 1.0, max_distance=0.05)
+    expected = ref.sphere_cost(spheres, [[ref.RefMesh(v * 3.0, t, np.array([0, 0, 0, 1, 0, 0, 0.]))]], ETA, 1.0, 0.05)[0]
+    assert expected.ravel()[0] > 0.5
+    np.testing.assert_allclose(cost.numpy().ravel(), expected.ravel(), atol=ATOL)
+
+
+def test_nested_reading_does_not_deadlock_with_a_waiting_refit():
+    world = MeshWorld(device="cpu", max_distance=MAX_DIST)
+    world.add_mesh("box", BOX_V, BOX_T, POSE_A)
+    spheres = torch.tensor(SPHERES, dtype=torch.float32)
+    entered, refit_done = threading.Event(), threading.Event()
+
+    def refit():
+        entered.wait(5.0)
+        world.update_vertices("box", BOX_V * 1.1)
+        refit_done.set()
+
+    writer = threading.Thread(target=refit, daemon=True)
+    writer.start()
+    finished = threading.Event()
+
+    def reader():
+        with world.reading():
+            entered.set()
+            time.sleep(0.2)  # the writer is now waiting
+            world.sphere_cost(spheres, ETA)  # re-enters the read lock
+        finished.set()
+
+    threading.Thread(target=reader, daemon=True).start()
+    assert finished.wait(10.0), "nested reading() deadlocked behind a waiting refit"
+    assert refit_done.wait(10.0)
