@@ -248,15 +248,25 @@ class MeshWorld:
             return self._publish()
 
     def set_pose(self, name: str, pose, env: int = 0) -> int:
-        """Move a mesh: only the inverse-pose tensor changes."""
+        """Move a mesh: only the inverse-pose tensor changes.
+
+        Setting the pose a mesh already has changes nothing and keeps the revision, so a
+        re-sent pose message is harmless."""
         p = geometry.validate_pose(pose)
         with self._write_lock:
-            self._require(name, env).pose = p
+            slot = self._require(name, env)
+            if np.array_equal(slot.pose, p):
+                return self._revision
+            slot.pose = p
             return self._publish()
 
     def set_enabled(self, name: str, enabled: bool, env: int = 0) -> int:
+        """Enable or disable a mesh; no change (and no new revision) if it already is."""
         with self._write_lock:
-            self._require(name, env).enabled = bool(enabled)
+            slot = self._require(name, env)
+            if slot.enabled == bool(enabled):
+                return self._revision
+            slot.enabled = bool(enabled)
             return self._publish()
 
     def update_vertices(self, name: str, vertices, env: int = 0) -> int:

@@ -487,3 +487,14 @@ def test_nested_reading_does_not_deadlock_with_a_waiting_refit():
     threading.Thread(target=reader, daemon=True).start()
     assert finished.wait(10.0), "nested reading() deadlocked behind a waiting refit"
     assert refit_done.wait(10.0)
+
+
+def test_repeated_pose_or_enable_is_not_a_new_revision():
+    world = MeshWorld(device="cpu", max_distance=MAX_DIST)
+    world.add_mesh("a", BOX_V, BOX_T, POSE_A)
+    assert world.set_pose("a", POSE_B) == 2
+    assert world.set_pose("a", POSE_B) == 2  # a re-sent pose message
+    assert world.set_enabled("a", True) == 2
+    assert world.set_enabled("a", False) == 3
+    assert world.set_enabled("a", False) == 3
+    np.testing.assert_array_equal(world_cost(world), 0.0)
