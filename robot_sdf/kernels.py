@@ -45,6 +45,25 @@ def face_normal(mesh: wp.uint64, face: int) -> wp.vec3:
 
 
 @wp.func
+def query_closest(mesh: wp.uint64, p: wp.vec3, bound: float, sign_method: int):
+    """Closest point within ``bound`` with the sign of ``sign_method``: (hit, inside < 0, face, u, v)."""
+    inside = float(1.0)
+    face = int(0)
+    u = float(0.0)
+    v = float(0.0)
+    hit = bool(False)
+    if sign_method == SIGN_NORMAL:
+        hit = wp.mesh_query_point_sign_normal(mesh, p, bound, inside, face, u, v)
+    elif sign_method == SIGN_DEFAULT:
+        hit = wp.mesh_query_point(mesh, p, bound, inside, face, u, v)
+    elif sign_method == SIGN_WINDING_NUMBER:
+        hit = wp.mesh_query_point_sign_winding_number(mesh, p, bound, inside, face, u, v)
+    else:
+        hit = wp.mesh_query_point_sign_parity(mesh, p, bound, inside, face, u, v)
+    return hit, inside, face, u, v
+
+
+@wp.func
 def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_radius: float, sign_method: int):
     """Signed distance of mesh-frame point p to one mesh, searched up to ``bound`` outside.
 
@@ -59,20 +78,7 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     if bounding_radius > 0.0 and centre_dist > bounding_radius + bound:
         return found, sd, grad
 
-    inside = float(1.0)
-    face = int(0)
-    u = float(0.0)
-    v = float(0.0)
-    hit = bool(False)
-    if sign_method == SIGN_NORMAL:
-        hit = wp.mesh_query_point_sign_normal(mesh, p, bound, inside, face, u, v)
-    elif sign_method == SIGN_DEFAULT:
-        hit = wp.mesh_query_point(mesh, p, bound, inside, face, u, v)
-    elif sign_method == SIGN_WINDING_NUMBER:
-        hit = wp.mesh_query_point_sign_winding_number(mesh, p, bound, inside, face, u, v)
-    else:
-        hit = wp.mesh_query_point_sign_parity(mesh, p, bound, inside, face, u, v)
-
+    hit, inside, face, u, v = query_closest(mesh, p, bound, sign_method)
     if not hit:
         # Nothing within bound: outside, unless the centre lies deep inside the mesh. That case
         # must still pay its full cost, so look for it cheaply (crossing parity of two opposite
@@ -86,14 +92,7 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
             backward = wp.mesh_query_ray_count_intersections(mesh, p, -PARITY_RAY)
             if forward % 2 == 0 and backward % 2 == 0:
                 return found, sd, grad
-        if sign_method == SIGN_NORMAL:
-            hit = wp.mesh_query_point_sign_normal(mesh, p, UNBOUNDED, inside, face, u, v)
-        elif sign_method == SIGN_DEFAULT:
-            hit = wp.mesh_query_point(mesh, p, UNBOUNDED, inside, face, u, v)
-        elif sign_method == SIGN_WINDING_NUMBER:
-            hit = wp.mesh_query_point_sign_winding_number(mesh, p, UNBOUNDED, inside, face, u, v)
-        else:
-            hit = wp.mesh_query_point_sign_parity(mesh, p, UNBOUNDED, inside, face, u, v)
+        hit, inside, face, u, v = query_closest(mesh, p, UNBOUNDED, sign_method)
         if not hit or inside >= 0.0:
             return found, sd, grad
 
@@ -348,30 +347,3 @@ def swept_sphere_cost_kernel(
         out_grad[tid] = wp.vec4(grad[0], grad[1], grad[2], 0.0)
     else:
         out_grad[tid] = wp.vec4(0.0, 0.0, 0.0, 0.0)
-
-
-@wp.kernel
-def closest_point_floor_kernel(
-    points: wp.array(dtype=wp.vec3),
-    max_dist: float,
-    mesh_idx: wp.array2d(dtype=wp.int64),
-    pose_inv: wp.array3d(dtype=wp.float32),
-    n_env_mesh: wp.array(dtype=wp.int32),
-    start: int,
-    total: int,
-    out_dist: wp.array(dtype=wp.float32),
-):
-    """Benchmark floor: bare unsigned closest-point traversal of every mesh of env 0 (same
-    world->mesh transforms as the cost, no sign, no culling); min distance, max_dist if none."""
-    tid = wp.tid() + start
-    if tid >= total:
-        return
-    best = max_dist
-    for slot in range(wp.min(n_env_mesh[0], mesh_idx.shape[1])):
-        t, q = slot_pose(pose_inv, 0, slot)
-        p = wp.quat_rotate(q, points[tid]) + t
-        mesh = wp.uint64(mesh_idx[0, slot])
-        hit = wp.mesh_query_point_no_sign(mesh, p, max_dist)
-        if hit.result:
-            best = wp.min(best, wp.length(p - wp.mesh_eval_position(mesh, hit.face, hit.u, hit.v)))
-    out_dist[tid] = best
