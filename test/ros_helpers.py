@@ -7,8 +7,6 @@ SIGINT (then SIGKILL). The test side uses its own rclpy Context spun in a backgr
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -30,6 +28,7 @@ from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
 
 import reference as ref  # noqa: E402
+from robot_sdf.ros.server_process import ServerProcess  # noqa: E402
 
 NODE = "/sdf_server"
 SERVICE_TIMEOUT_S = 30.0
@@ -56,34 +55,12 @@ def write_params(path: Path, params: dict[str, Any]) -> Path:
     return path
 
 
-class NodeProcess:
-    """``python -m robot_sdf.ros.sdf_server --ros-args --params-file <yaml>`` as a subprocess."""
+class NodeProcess(ServerProcess):
+    """The node as a subprocess with ``params`` written to ``workdir`` and its own ROS domain."""
 
     def __init__(self, params: dict[str, Any], workdir: Path, domain: int) -> None:
-        self.params_file = write_params(workdir / "sdf_server_params.yaml", params)
-        self.log_path = workdir / "sdf_server.log"
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "robot_sdf.ros.sdf_server", "--ros-args", "--params-file",
-             str(self.params_file)],
-            cwd=REPO, env=ros_env(domain), stdout=self._log, stderr=subprocess.STDOUT)
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self) -> int:
-        if self.alive():
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self._log.close()
-        return self.proc.returncode
+        params_file = write_params(workdir / "sdf_server_params.yaml", params)
+        super().__init__(params_file, workdir / "sdf_server.log", ros_env(domain), cwd=REPO)
 
 
 class Collector:

@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
 import time
@@ -31,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from robot_sdf.examples.backends import quiet_warp, read_node_params, resolve_scene_file
+from robot_sdf.ros.server_process import ServerProcess
 from robot_sdf.examples.mpc_demo import (
     add_mpc_arguments,
     format_summary,
@@ -68,51 +67,6 @@ def default_domain_id() -> int:
     return 1 + (os.getpid() * 13 + 29) % 100
 
 
-class NodeProcess:
-    """The sdf_server node as a subprocess; its output goes to a log file."""
-
-    def __init__(self, params_file: Path, log_path: Path, env: dict[str, str]) -> None:
-        self.log_path = log_path
-        self._log = open(log_path, "w")
-        cmd = [sys.executable, "-m", "robot_sdf.ros.sdf_server", "--ros-args", "--params-file", str(params_file)]
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text()
-        except OSError:
-            return ""
-
-    def wait_ready(self, timeout_s: float) -> None:
-        """Block until the node logged 'ready:'; RuntimeError (with its log) if it exits or times out."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if "ready:" in self.log():
-                return
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"sdf_server exited with status {self.proc.returncode}:\n{self.tail()}")
-            time.sleep(0.1)
-        raise RuntimeError(f"sdf_server not ready after {timeout_s:.0f} s:\n{self.tail()}")
-
-    def device(self) -> str | None:
-        m = re.search(r"ready: device=([^,\s]+)", self.log())
-        return m.group(1) if m else None
-
-    def tail(self, lines: int = 15) -> str:
-        return "\n".join("    | " + s for s in self.log().splitlines()[-lines:])
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self._log.close()
-        return self.proc.returncode
-
-
 def write_node_params(params_file: Path, out_dir: Path) -> Path:
     """Copy of the node parameters with scene_file made absolute (the node may run anywhere)."""
     params = read_node_params(params_file)
@@ -143,7 +97,7 @@ def run_ros(args, scenario, params_file: Path, config) -> dict:
     say(f"[1/4] starting sdf_server (ROS_DOMAIN_ID={domain}, discovery on localhost, "
         f"scene {scenario.path.name}) ...")
     t0 = time.perf_counter()
-    node = NodeProcess(node_params, args.out / NODE_LOG, env)
+    node = ServerProcess(node_params, args.out / NODE_LOG, env)
     backend = None
     try:
         node.wait_ready(args.node_timeout)

@@ -1,0 +1,67 @@
+"""Run the sdf_server node as a subprocess (demo, tests): start, wait until ready, stop.
+
+Imports no ROS module, so a caller can report a missing ROS install itself.
+"""
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+class ServerProcess:
+    """``python -m robot_sdf.ros.sdf_server --ros-args --params-file <file>``; output to a log file.
+
+    env: the full environment of the child (set ROS_DOMAIN_ID and
+    ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST there).
+    """
+
+    def __init__(self, params_file: Path, log_path: Path, env: dict[str, str], cwd: Path | None = None) -> None:
+        self.params_file = Path(params_file)
+        self.log_path = Path(log_path)
+        self._log = open(self.log_path, "w")
+        cmd = [sys.executable, "-m", "robot_sdf.ros.sdf_server", "--ros-args", "--params-file", str(params_file)]
+        self.proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text()
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block until the node logged 'ready:'; RuntimeError (with its log) if it exits or times out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if "ready:" in self.log():
+                return
+            if not self.alive():
+                raise RuntimeError(f"sdf_server exited with status {self.proc.returncode}:\n{self.tail()}")
+            time.sleep(0.1)
+        raise RuntimeError(f"sdf_server not ready after {timeout_s:.0f} s:\n{self.tail()}")
+
+    def device(self) -> str | None:
+        """The device the node reported at start, once it is ready."""
+        m = re.search(r"ready: device=([^,\s]+)", self.log())
+        return m.group(1) if m else None
+
+    def tail(self, lines: int = 15) -> str:
+        return "\n".join("    | " + s for s in self.log().splitlines()[-lines:])
+
+    def stop(self) -> int:
+        """SIGINT (clean shutdown, exit code 0), then kill after 10 s; returns the exit code."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self._log.close()
+        return self.proc.returncode
