@@ -143,18 +143,9 @@ class SdfServer(Node):
         self._request_seq = 0
         self._markers = MarkerState(self.world, cfg.num_envs, cfg.world_frame, self.last_request)
 
-        mesh_group = MutuallyExclusiveCallbackGroup()
-        pose_group = MutuallyExclusiveCallbackGroup()
         query_group = ReentrantCallbackGroup()
         timer_group = MutuallyExclusiveCallbackGroup()
-
-        self.create_subscription(MeshObstacle, "~/mesh_obstacles", self._on_mesh_obstacle, MESH_QOS,
-                                 callback_group=mesh_group)
-        self.create_subscription(ObstaclePose, "~/obstacle_poses", self._on_obstacle_pose, POSE_QOS,
-                                 callback_group=pose_group)
-        for topic, targets in pose_topics.items():
-            self.create_subscription(PoseStamped, topic, self._pose_topic_callback(topic, targets),
-                                     POSE_QOS, callback_group=pose_group)
+        self._start_world_updates(pose_topics)
 
         self._markers_pub = self.create_publisher(MarkerArray, "~/markers", 10)
         self._slice_pub = self.create_publisher(PointCloud2, "~/distance_slice", 10)
@@ -180,6 +171,50 @@ class SdfServer(Node):
             f"({len(pose_topics)} pose topics), revision {self.world.revision}")
 
     # ------------------------------------------------------------------ start-up
+
+    def _start_world_updates(self, pose_topics: dict[str, list[tuple[str, int]]]) -> None:
+        """Subscribe to mesh and pose updates on a companion node spun by its own executor thread.
+
+        rclpy's executor dispatches from one Python loop; while clients call the services
+        continuously, a subscription served by that loop waits behind the request callbacks
+        (measured: a 10k-triangle ADD applied 50-60 ms after publishing instead of 13 ms). The
+        companion keeps the ``~/`` topic names of this node (absolute names built from its fully
+        qualified name) and applies updates as they arrive; mesh and pose updates keep separate
+        callback groups so a pose never waits for a BVH build.
+        """
+        base = self.get_fully_qualified_name()
+        self._updates_node = rclpy.create_node(f"{self.get_name()}_world_updates", namespace=self.get_namespace(),
+                                               context=self.context, start_parameter_services=False)
+        mesh_group = MutuallyExclusiveCallbackGroup()
+        pose_group = MutuallyExclusiveCallbackGroup()
+        node = self._updates_node
+        node.create_subscription(MeshObstacle, f"{base}/mesh_obstacles", self._on_mesh_obstacle, MESH_QOS,
+                                 callback_group=mesh_group)
+        node.create_subscription(ObstaclePose, f"{base}/obstacle_poses", self._on_obstacle_pose, POSE_QOS,
+                                 callback_group=pose_group)
+        for topic, targets in pose_topics.items():
+            node.create_subscription(PoseStamped, topic, self._pose_topic_callback(topic, targets),
+                                     POSE_QOS, callback_group=pose_group)
+        self._updates_executor = MultiThreadedExecutor(num_threads=2, context=self.context)
+        self._updates_executor.add_node(node)
+        self._updates_thread = threading.Thread(target=self._spin_world_updates, name="sdf_server_world_updates",
+                                                daemon=True)
+        self._updates_thread.start()
+
+    def _spin_world_updates(self) -> None:
+        try:
+            self._updates_executor.spin()
+        except (ExternalShutdownException, KeyboardInterrupt):
+            pass
+
+    def destroy_node(self) -> None:
+        updates = getattr(self, "_updates_executor", None)
+        if updates is not None:
+            updates.shutdown(timeout_sec=2.0)
+            self._updates_thread.join(timeout=5.0)
+            self._updates_node.destroy_node()
+            self._updates_executor = None
+        super().destroy_node()
 
     def _load_scene(self, path: str) -> dict[str, list[tuple[str, int]]]:
         """Load the scene file into the world; return pose topic -> [(obstacle id, env)]."""
