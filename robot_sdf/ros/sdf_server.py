@@ -14,9 +14,10 @@ Topics and services (relative to the node, ``~/`` = ``/sdf_server/``):
 Input policy: every message is checked before the world changes; a bad one is logged with its
 reason and dropped whole. Poses must carry ``header.frame_id == world_frame`` (no tf lookups);
 quaternions within 1e-3 of unit length are renormalised, anything else (zero, NaN) is rejected by
-the world's validation. Threads: mesh updates (which may build a BVH) run in their own callback
-group, pose updates in another, service requests in a reentrant third (concurrent requests run
-in parallel) and the periodic publishers in a fourth, on a MultiThreadedExecutor. MeshWorld
+the world's validation. Threads: mesh and pose updates (a mesh may build a BVH) are served by a
+companion node ``<name>_world_updates`` with its own executor thread, in two callback groups, so
+busy services never delay them; service requests run in a reentrant group (concurrent requests
+run in parallel) and the periodic publishers in another, on a MultiThreadedExecutor. MeshWorld
 serialises its writers and publishes immutable snapshots, so a request reads one consistent world
 state (its revision is returned) and is never queued behind a BVH build.
 """
