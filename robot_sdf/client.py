@@ -169,9 +169,11 @@ class SdfClient:
         rfut = client.call_async(request)
 
         def done(rf) -> None:
+            # Whoever removes `fut` from _pending (this callback, the timeout watchdog or close())
+            # is the only one that resolves it.
             with self._lock:
-                self._pending.pop(fut, None)
-            if fut.done():
+                owned = self._pending.pop(fut, None) is not None
+            if not owned:
                 return
             try:
                 response = rf.result()
@@ -322,8 +324,9 @@ class RemoteSphereCost(torch.autograd.Function):
     @staticmethod
     def forward(ctx, spheres, client: SdfClient, activation_distance: float = 0.0,
                 weight: float = 0.0, env_index=None):
-        res = client.sphere_cost(spheres, activation_distance, weight, env_index, compute_gradient=True)
-        ctx.save_for_backward(res.gradient)
+        want_grad = bool(ctx.needs_input_grad[0])
+        res = client.sphere_cost(spheres, activation_distance, weight, env_index, compute_gradient=want_grad)
+        ctx.save_for_backward(res.gradient if want_grad else None)
         return res.cost.to(spheres.dtype)
 
     @staticmethod
@@ -340,9 +343,10 @@ class RemoteSweptSphereCost(torch.autograd.Function):
     def forward(ctx, spheres, client: SdfClient, sweep_steps: int = 4, speed_dt: float = 0.1,
                 enable_speed_metric: bool = False, activation_distance: float = 0.0,
                 weight: float = 0.0, env_index=None):
+        want_grad = bool(ctx.needs_input_grad[0])
         res = client.swept_sphere_cost(spheres, sweep_steps, speed_dt, enable_speed_metric,
-                                       activation_distance, weight, env_index, compute_gradient=True)
-        ctx.save_for_backward(res.gradient)
+                                       activation_distance, weight, env_index, compute_gradient=want_grad)
+        ctx.save_for_backward(res.gradient if want_grad else None)
         return res.cost.to(spheres.dtype)
 
     @staticmethod

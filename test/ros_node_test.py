@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+import rclpy
 import rclpy.parameter
 import torch
 import trimesh
@@ -517,3 +518,53 @@ def test_queries_are_not_queued_behind_a_mesh_update(server):
         executor.shutdown(timeout_sec=2.0)
         node.destroy_node()
         spin.join(timeout=5.0)
+
+
+def test_add_of_a_disabled_id_replaces_geometry_and_keeps_it_disabled(server):
+    v, t = ref.box((0.2, 0.2, 0.2))
+    pose = np.array([6.0, 0.0, 0.5, 1.0, 0.0, 0.0, 0.0])
+    probe = np.array([[6.0, 0.0, 0.5], [6.4, 0.0, 0.5]])
+    server.publish(make_mesh_obstacle("dis_box", v, t, pose))
+    server.publish(make_mesh_obstacle("dis_box", None, None, operation=MeshObstacle.DISABLE))
+    v2, t2 = ref.box((0.4, 0.4, 0.4))
+    server.publish(make_mesh_obstacle("dis_box", v2, t2, pose))  # ADD = new geometry and pose only
+    np.testing.assert_allclose(server.signed_distance(probe)[0], [MAX_D, MAX_D])
+    server.publish(make_mesh_obstacle("dis_box", None, None, operation=MeshObstacle.ENABLE))
+    np.testing.assert_allclose(server.signed_distance(probe)[0], [-0.2, 0.2], atol=1e-5)
+    server.publish(make_mesh_obstacle("dis_box", None, None, operation=MeshObstacle.REMOVE))
+
+
+def test_failed_requests_carry_the_world_revision(server):
+    current = server.revision()
+    assert current > 0
+    req = QuerySignedDistance.Request(points=float32_array([0.0, 0.0]))  # not a multiple of 3
+    resp = server.harness.call(server.sd, req)
+    assert not resp.success and resp.message
+    assert resp.world_revision == current
+
+
+def test_world_update_node_follows_remaps():
+    """A `__node:=` remap in the process arguments renames the server only (no duplicate node
+    names), and a remap of ~/mesh_obstacles moves the update subscription with it."""
+    from rclpy.context import Context
+
+    from robot_sdf.ros.sdf_server import SdfServer
+
+    ctx = Context()
+    rclpy.init(context=ctx, args=["--ros-args", "-r", "__node:=renamed_server",
+                                  "-r", "~/mesh_obstacles:=/custom_meshes",
+                                  "-p", "device:=cpu", "-p", "marker_rate_hz:=0.0",
+                                  "-p", "slice_rate_hz:=0.0", "-p", "diagnostics_rate_hz:=0.0"],
+               domain_id=rh.domain_id(60))
+    try:
+        node = SdfServer(context=ctx)
+        try:
+            assert node.get_name() == "renamed_server"
+            updates = node._updates_node
+            assert updates.get_name() == "renamed_server_world_updates"
+            topics = sorted(s.topic_name for s in updates.subscriptions)
+            assert topics == ["/custom_meshes", "/renamed_server/obstacle_poses"]
+        finally:
+            node.destroy_node()
+    finally:
+        rclpy.try_shutdown(context=ctx)

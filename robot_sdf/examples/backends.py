@@ -145,8 +145,14 @@ class ServiceBackend(_Common):
     """
 
     def __init__(self, server: str, frame: str, activation_distance: float, sweep_steps: int,
-                 speed_dt: float, timeout_s: float = 30.0, markers_topic: str = "/mpc_demo/markers") -> None:
+                 speed_dt: float, timeout_s: float = 30.0, markers_topic: str = "/mpc_demo/markers",
+                 initial_poses: dict[tuple[str, int], np.ndarray] | None = None) -> None:
         super().__init__(activation_distance, sweep_steps, speed_dt)
+        from robot_sdf.geometry import validate_pose
+
+        # The poses the node holds, as MeshWorld stores them: a pose equal to the current one is
+        # not a change there (no new revision), so it is neither sent nor waited for.
+        self._poses = {key: validate_pose(p) for key, p in (initial_poses or {}).items()}
         from diagnostic_msgs.msg import DiagnosticArray
         from visualization_msgs.msg import MarkerArray
 
@@ -217,6 +223,13 @@ class ServiceBackend(_Common):
     def move(self, obstacle_id: str, pose: np.ndarray, env: int = 0) -> None:
         from robot_sdf.ros.conversions import make_obstacle_pose
 
+        from robot_sdf.geometry import validate_pose
+
+        stored = validate_pose(pose)
+        current = self._poses.get((obstacle_id, env))
+        if current is not None and np.array_equal(current, stored):
+            return
+        self._poses[(obstacle_id, env)] = stored
         msg = make_obstacle_pose(obstacle_id, pose, env=env, frame_id=self.frame,
                                  stamp=self.client.node.get_clock().now().to_msg())
         self._pose_pub.publish(msg)

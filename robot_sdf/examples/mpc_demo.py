@@ -198,7 +198,8 @@ def make_backend(in_process: bool, scenario: Scenario, params_file: Path, config
                   speed_dt=config.dt)
     if in_process:
         return InProcessBackend(scenario.obstacles, read_node_params(params_file), **common)
-    return ServiceBackend(server, scenario.frame, timeout_s=timeout_s, **common)
+    initial = {(spec.id, spec.env): spec.pose for spec in scenario.obstacles}
+    return ServiceBackend(server, scenario.frame, timeout_s=timeout_s, initial_poses=initial, **common)
 
 
 def add_mpc_arguments(parser: argparse.ArgumentParser) -> None:

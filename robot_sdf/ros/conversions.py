@@ -36,8 +36,11 @@ OPERATION_NAMES = {
 
 
 def float32_array(x) -> array.array:
-    """Any array-like -> array.array('f') for a float32[] field (one buffer copy)."""
-    return array.array("f", np.ascontiguousarray(x, dtype=np.float32).tobytes())
+    """Any array-like -> array.array('f') for a float32[] field (one buffer copy when x is
+    already contiguous float32: frombytes reads the numpy buffer directly)."""
+    out = array.array("f")
+    out.frombytes(memoryview(np.ascontiguousarray(x, dtype=np.float32)).cast("B"))
+    return out
 
 
 def uint32_array(x) -> array.array:

@@ -106,6 +106,25 @@ class RequestStats:
         return rate, float(np.percentile(lat, 50)), float(np.percentile(lat, 95))
 
 
+def _resolve_scene_path(path: str):
+    """A relative scene_file that does not exist from the working directory is looked up in the
+    installed package's share directory (so `config/...` works under `ros2 launch` anywhere)."""
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_absolute() or p.exists():
+        return p
+    try:
+        from ament_index_python.packages import get_package_share_directory
+
+        candidate = Path(get_package_share_directory("robot_sdf")) / p
+        if candidate.exists():
+            return candidate
+    except (ImportError, LookupError, OSError):  # no ament index (plain venv)
+        pass
+    return p
+
+
 def _slice_grid(config: ServerConfig) -> np.ndarray:
     """World points (N,3) float32 of the distance slice plane (row-major over its two axes)."""
     axes = {"xy": (0, 1, 2), "xz": (0, 2, 1), "yz": (1, 2, 0)}[config.slice_plane]
@@ -134,6 +153,8 @@ class SdfServer(Node):
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(f"cannot create the mesh world on device '{cfg.device}': {exc}") from exc
         pose_topics = self._load_scene(cfg.scene_file)
+        # Counted now: once the update thread runs, topic meshes (transient_local) may join in.
+        self._scene_count, self._scene_revision = self.world.mesh_count(), self.world.revision
         self._warm_up()
 
         self._stats = RequestStats()
@@ -144,9 +165,17 @@ class SdfServer(Node):
         self._request_seq = 0
         self._markers = MarkerState(self.world, cfg.num_envs, cfg.world_frame, self.last_request)
 
+        self._start_world_updates(pose_topics)
+        try:
+            self._create_outputs_and_services()
+        except BaseException:
+            self.destroy_node()
+            raise
+
+    def _create_outputs_and_services(self) -> None:
+        cfg = self.config
         query_group = ReentrantCallbackGroup()
         timer_group = MutuallyExclusiveCallbackGroup()
-        self._start_world_updates(pose_topics)
 
         self._markers_pub = self.create_publisher(MarkerArray, "~/markers", 10)
         self._slice_pub = self.create_publisher(PointCloud2, "~/distance_slice", 10)
@@ -164,12 +193,11 @@ class SdfServer(Node):
                             self._on_swept_sphere_cost, callback_group=query_group)
         self.create_service(QuerySignedDistance, "~/query_signed_distance",
                             self._on_query_signed_distance, callback_group=query_group)
-        n_scene = self.world.mesh_count()
         self.get_logger().info(
             f"ready: device={self.world.device}, sign_method={cfg.sign_method}, "
             f"num_envs={cfg.num_envs}, world_frame='{cfg.world_frame}', "
-            f"max_distance={cfg.max_distance} m, {n_scene} scene obstacles "
-            f"({len(pose_topics)} pose topics), revision {self.world.revision}")
+            f"max_distance={cfg.max_distance} m, {self._scene_count} scene obstacles "
+            f"({self._pose_topic_count} pose topics), scene revision {self._scene_revision}")
 
     # ------------------------------------------------------------------ start-up
 
@@ -183,19 +211,22 @@ class SdfServer(Node):
         qualified name) and applies updates as they arrive; mesh and pose updates keep separate
         callback groups so a pose never waits for a BVH build.
         """
-        base = self.get_fully_qualified_name()
+        # Process-wide arguments (a `__node:=` remap in particular) are for this node only; the
+        # companion subscribes to the names this node resolves, so topic remaps still apply.
         self._updates_node = rclpy.create_node(f"{self.get_name()}_world_updates", namespace=self.get_namespace(),
-                                               context=self.context, start_parameter_services=False)
+                                               context=self.context, use_global_arguments=False,
+                                               start_parameter_services=False)
+        self._pose_topic_count = len(pose_topics)
         mesh_group = MutuallyExclusiveCallbackGroup()
         pose_group = MutuallyExclusiveCallbackGroup()
         node = self._updates_node
-        node.create_subscription(MeshObstacle, f"{base}/mesh_obstacles", self._on_mesh_obstacle, MESH_QOS,
-                                 callback_group=mesh_group)
-        node.create_subscription(ObstaclePose, f"{base}/obstacle_poses", self._on_obstacle_pose, POSE_QOS,
-                                 callback_group=pose_group)
+        node.create_subscription(MeshObstacle, self.resolve_topic_name("~/mesh_obstacles"), self._on_mesh_obstacle,
+                                 MESH_QOS, callback_group=mesh_group)
+        node.create_subscription(ObstaclePose, self.resolve_topic_name("~/obstacle_poses"), self._on_obstacle_pose,
+                                 POSE_QOS, callback_group=pose_group)
         for topic, targets in pose_topics.items():
-            node.create_subscription(PoseStamped, topic, self._pose_topic_callback(topic, targets),
-                                     POSE_QOS, callback_group=pose_group)
+            node.create_subscription(PoseStamped, self.resolve_topic_name(topic),
+                                     self._pose_topic_callback(topic, targets), POSE_QOS, callback_group=pose_group)
         self._updates_executor = MultiThreadedExecutor(num_threads=2, context=self.context)
         self._updates_executor.add_node(node)
         self._updates_thread = threading.Thread(target=self._spin_world_updates, name="sdf_server_world_updates",
@@ -223,6 +254,7 @@ class SdfServer(Node):
             return {}
         from robot_sdf.scene import apply_scene, load_scene, scene_frame
 
+        path = str(_resolve_scene_path(path))
         try:
             specs = load_scene(path)
             frame = scene_frame(path)
@@ -284,7 +316,10 @@ class SdfServer(Node):
         world, env = self.world, int(msg.env)
         if op == "ADD":
             vertices, triangles = conv.mesh_arrays(msg)
-            rev = world.add_mesh(msg.id, vertices, triangles, pose=conv.pose_to_array(msg.pose), env=env)
+            # ADD replaces geometry and pose (design.md 5); a DISABLEd id stays disabled.
+            enabled = world.mesh_geometry(msg.id, env)[3] if world.has_mesh(msg.id, env) else True
+            rev = world.add_mesh(msg.id, vertices, triangles, pose=conv.pose_to_array(msg.pose), env=env,
+                                 enabled=enabled)
             return f"{vertices.size // 3} vertices, {triangles.size // 3} triangles -> revision {rev}"
         if op == "REMOVE":
             rev = world.remove_mesh(msg.id, env=env)
@@ -337,17 +372,19 @@ class SdfServer(Node):
         self._stats.record(time.perf_counter() - t0, response.success)
         return response
 
-    @staticmethod
-    def _fail(response, message: str) -> None:
+    def _fail(self, response, message: str) -> None:
         response.success, response.message = False, message
+        response.world_revision = int(self.world.revision)
         for field in ("cost", "gradient", "distance"):
             if hasattr(response, field):
                 setattr(response, field, conv.float32_array(np.zeros(0)))
 
     def _scalar_or_default(self, value: float, default: float, name: str) -> float:
+        if value <= 0:
+            return default  # the contract: <= 0 means "node default"
         if not math.isfinite(value):
             raise RequestError(f"{name} must be finite, got {value}")
-        return float(value) if value > 0 else default
+        return float(value)
 
     def _spheres(self, request) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Common cost request fields -> spheres (b,h,n,4) tensor, env_index (b,) or None.
@@ -382,7 +419,7 @@ class SdfServer(Node):
             response.gradient = conv.float32_array(grad.detach().cpu().numpy())
         if self.config.publish_request_markers and self.config.marker_rate_hz > 0:
             k = self.config.marker_max_spheres
-            row = spheres[0].reshape(-1, 4)[:k].cpu().numpy()
+            row = spheres[0].reshape(-1, 4)[:k].cpu().numpy().copy()  # not a view of the request
             with self._request_lock:
                 self._last_request = (row, cost_np[0].reshape(-1)[:k].copy())
                 self._request_seq += 1
@@ -482,7 +519,7 @@ class SdfServer(Node):
                 "request_rate_hz": f"{rate:.3f}", "latency_p50_ms": f"{1e3 * p50:.3f}",
                 "latency_p95_ms": f"{1e3 * p95:.3f}", "rejected_messages": self._rejected,
             }
-            status = DiagnosticStatus(level=DiagnosticStatus.OK, name=f"{NODE_NAME}: mesh world",
+            status = DiagnosticStatus(level=DiagnosticStatus.OK, name=f"{self.get_fully_qualified_name().lstrip('/')}: mesh world",
                                       hardware_id=str(self.world.device),
                                       message=f"{n_mesh} meshes, revision {rev}",
                                       values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])
