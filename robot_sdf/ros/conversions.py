@@ -13,10 +13,18 @@ import array
 
 import numpy as np
 from geometry_msgs.msg import Pose
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import PointCloud2, PointField
 from std_msgs.msg import Header
 
 from robot_sdf_interfaces.msg import MeshObstacle, ObstaclePose
+
+# QoS of ~/mesh_obstacles. Producers must publish with it (at least reliable + transient_local):
+# a default (volatile) publisher does not match the node's subscription and nothing arrives.
+# transient_local with a depth above the number of obstacles lets a restarted node get the scene.
+MESH_OBSTACLE_QOS = QoSProfile(depth=100, history=HistoryPolicy.KEEP_LAST,
+                               reliability=ReliabilityPolicy.RELIABLE,
+                               durability=DurabilityPolicy.TRANSIENT_LOCAL)
 
 try:  # present on a ROS install, not in the pip wheels
     from sensor_msgs_py import point_cloud2 as _pc2
