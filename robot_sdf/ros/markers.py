@@ -38,6 +38,23 @@ def triangle_points(vertices: np.ndarray, triangles: np.ndarray) -> list[Point]:
     return [Point(x=x, y=y, z=z) for x, y, z in corners.tolist()]
 
 
+# The 12 triangles of a box over its corners (bit i of a corner index = upper bound on axis i),
+# counter-clockwise seen from outside.
+_BOX_TRIANGLES = np.array([[0, 2, 3], [0, 3, 1], [4, 5, 7], [4, 7, 6], [0, 1, 5], [0, 5, 4],
+                           [2, 6, 7], [2, 7, 3], [0, 4, 6], [0, 6, 2], [1, 3, 7], [1, 7, 5]])
+
+
+def display_points(vertices: np.ndarray, triangles: np.ndarray, max_triangles: int) -> list[Point]:
+    """triangle_points() of the mesh, or of its axis-aligned bounding box (mesh frame) when it has
+    more than ``max_triangles`` triangles."""
+    if len(triangles) <= max_triangles:
+        return triangle_points(vertices, triangles)
+    v = np.asarray(vertices, dtype=np.float64)
+    lo, hi = v.min(axis=0), v.max(axis=0)
+    corners = np.array([[(hi if (i >> k) & 1 else lo)[k] for k in range(3)] for i in range(8)])
+    return triangle_points(corners, _BOX_TRIANGLES)
+
+
 def mesh_marker(ns: str, marker_id: int, frame_id: str, points: list[Point], pose,
                 enabled: bool, name: str = "") -> Marker:
     """TRIANGLE_LIST marker of one mesh: ``points`` from triangle_points(), ``pose`` (7,) places them.
@@ -101,12 +118,14 @@ class MarkerState:
     """Incremental ~/markers updates for one world.
 
     world: a MeshWorld; num_envs: its environments; frame_id: marker frame;
-    last_request: returns (sequence number, (spheres (k,4), cost (k,)) or None).
+    last_request: returns (sequence number, (spheres (k,4), cost (k,)) or None);
+    max_triangles: meshes above it are drawn as their bounding box.
     """
 
     def __init__(self, world, num_envs: int, frame_id: str,
-                 last_request: Callable[[], tuple[int, Any]]) -> None:
+                 last_request: Callable[[], tuple[int, Any]], max_triangles: int = 20000) -> None:
         self._world, self._num_envs, self._frame = world, num_envs, frame_id
+        self._max_triangles = int(max_triangles)
         self._last_request = last_request
         self._revision = -1
         self._subscribers = 0
@@ -149,7 +168,8 @@ class MarkerState:
                 old = self._shown.get(key)
                 # MeshWorld hands out its stored arrays, so identity tells a new geometry apart.
                 same_geometry = old is not None and old.vertices is vertices and old.triangles is triangles
-                points = old.points if same_geometry else triangle_points(vertices, triangles)
+                points = old.points if same_geometry else display_points(vertices, triangles,
+                                                                         self._max_triangles)
                 pose_t = tuple(float(x) for x in pose)
                 now[key] = _Shown(vertices, triangles, points, pose_t, enabled)
                 if everything or not same_geometry or old.pose != pose_t or old.enabled != enabled:

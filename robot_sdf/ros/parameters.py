@@ -114,6 +114,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "request (batch row 0), coloured green (cost 0) to red (highest cost)."),
     ParamSpec("marker_max_spheres", 4096, "At most this many request spheres in the markers.",
               ">= 1", _at_least(1), int_range=(1, 1_000_000)),
+    ParamSpec("marker_max_triangles", 20000, "Meshes with more triangles are drawn as their "
+              "bounding box in ~/markers (big TRIANGLE_LISTs are slow to serialise).", ">= 12",
+              _at_least(12), int_range=(12, 100_000_000)),
     ParamSpec("slice_plane", "xy", "Plane of the ~/distance_slice point cloud: xy, xz or yz.",
               "xy|xz|yz", _one_of(SLICE_PLANES)),
     ParamSpec("slice_offset", 0.0, "Offset of the slice plane along its normal axis [m].",
@@ -155,6 +158,7 @@ class ServerConfig:
     marker_rate_hz: float
     publish_request_markers: bool
     marker_max_spheres: int
+    marker_max_triangles: int
     slice_plane: str
     slice_offset: float
     slice_center: tuple[float, float]

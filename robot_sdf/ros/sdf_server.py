@@ -161,7 +161,8 @@ class SdfServer(Node):
         self._request_lock = threading.Lock()
         self._last_request: tuple[np.ndarray, np.ndarray] | None = None
         self._request_seq = 0
-        self._markers = MarkerState(self.world, cfg.num_envs, cfg.world_frame, self.last_request)
+        self._markers = MarkerState(self.world, cfg.num_envs, cfg.world_frame, self.last_request,
+                                    max_triangles=cfg.marker_max_triangles)
 
         self._start_world_updates(pose_topics)
         try:

@@ -1,0 +1,65 @@
+"""robot_sdf.ros.markers: mesh markers, the bounding-box stand-in for big meshes, sphere colours."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+
+import numpy as np  # noqa: E402
+from visualization_msgs.msg import Marker  # noqa: E402
+
+import reference as ref  # noqa: E402
+from robot_sdf import MeshWorld  # noqa: E402
+from robot_sdf.ros.markers import MarkerState, cost_colors  # noqa: E402
+
+
+def _points(marker: Marker) -> np.ndarray:
+    return np.array([[p.x, p.y, p.z] for p in marker.points])
+
+
+def _signed_volume(tris: np.ndarray) -> float:
+    return float(np.einsum("ij,ij->i", tris[:, 0], np.cross(tris[:, 1], tris[:, 2])).sum() / 6.0)
+
+
+def test_small_mesh_is_drawn_whole_and_big_mesh_as_its_bounding_box():
+    world = MeshWorld(device="cpu")
+    bv, bt = ref.box((0.2, 0.4, 0.6))
+    sv, st = ref.icosphere(0.5, 3)  # 1280 triangles
+    world.add_mesh("box", bv, bt, pose=(1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0))
+    world.add_mesh("ball", sv, st, pose=(0.0, 2.0, 0.0, 1.0, 0.0, 0.0, 0.0))
+    state = MarkerState(world, 1, "world", lambda: (0, None), max_triangles=1000)
+    markers = {m.text: m for m in state.update(subscribers=1)}
+
+    box = _points(markers["box"])
+    np.testing.assert_allclose(box, bv[bt.reshape(-1)], atol=1e-12)  # mesh frame, all triangles
+    assert markers["box"].pose.position.x == 1.0
+
+    ball = _points(markers["ball"]).reshape(-1, 3, 3)
+    assert ball.shape == (12, 3, 3)
+    lo, hi = sv.min(axis=0), sv.max(axis=0)
+    corners = {tuple(c) for c in ball.reshape(-1, 3)}
+    assert corners == {(x, y, z) for x in (lo[0], hi[0]) for y in (lo[1], hi[1]) for z in (lo[2], hi[2])}
+    # outward winding: the signed volume of the stand-in is the box volume
+    assert np.isclose(_signed_volume(ball), float(np.prod(hi - lo)))
+    assert markers["ball"].pose.position.y == 2.0
+
+
+def test_only_changed_meshes_are_resent():
+    world = MeshWorld(device="cpu")
+    bv, bt = ref.box((0.2, 0.2, 0.2))
+    world.add_mesh("a", bv, bt)
+    world.add_mesh("b", bv, bt, pose=(1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0))
+    state = MarkerState(world, 1, "world", lambda: (0, None))
+    assert len(state.update(subscribers=1)) == 2
+    assert state.update(subscribers=1) == []
+    world.set_pose("b", (2.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0))
+    (moved,) = state.update(subscribers=1)
+    assert moved.text == "b" and moved.pose.position.x == 2.0
+    world.remove_mesh("a")
+    (deleted,) = state.update(subscribers=1)
+    assert deleted.action == Marker.DELETE
+
+
+def test_cost_colours_run_green_to_red():
+    rgba = cost_colors(np.array([0.0, 1.0, 2.0]))
+    np.testing.assert_allclose(rgba[:, :3], [[0, 1, 0], [0.5, 0.5, 0], [1, 0, 0]])
