@@ -390,3 +390,15 @@ def test_cuda_without_gpu_is_a_config_error(ros_context):
     params = [Parameter(k, value=v) for k, v in dict(PARAMS, device="cuda:0").items()]
     with pytest.raises(ConfigError, match="CUDA"):
         SdfServer(context=ros_context, namespace="/config_check", parameter_overrides=params)
+
+
+def test_a_stream_of_identical_bad_poses_is_logged_once_per_second(harness):
+    before = len(harness.rejections())
+    msg = make_obstacle_pose("stream_ghost", GOOD_POSE)
+    for _ in range(20):
+        harness.pose_pub.publish(msg)
+        time.sleep(0.005)
+    rh.wait_until(lambda: len(harness.rejections()) > before, 10.0, what="the first rejection")
+    time.sleep(0.5)
+    lines = [line for line in harness.rejections()[before:] if "stream_ghost" in line]
+    assert 1 <= len(lines) <= 3, lines  # 20 rejections within ~0.1 s, not 20 log lines

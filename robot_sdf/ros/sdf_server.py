@@ -51,6 +51,8 @@ from robot_sdf_interfaces.msg import MeshObstacle, ObstaclePose
 from robot_sdf_interfaces.srv import EvaluateSphereCost, EvaluateSweptSphereCost, QuerySignedDistance
 
 NODE_NAME = "sdf_server"
+# The same rejection (same input, same reason) is logged at most once per this period.
+_REJECT_LOG_PERIOD_S = 1.0
 MESH_QOS = conv.MESH_OBSTACLE_QOS
 POSE_QOS = QoSProfile(depth=10, history=HistoryPolicy.KEEP_LAST,
                       reliability=ReliabilityPolicy.BEST_EFFORT,
@@ -157,6 +159,7 @@ class SdfServer(Node):
 
         self._stats = RequestStats()
         self._rejected = 0
+        self._reject_log: dict[tuple[str, str], tuple[float, int]] = {}
         self._count_lock = threading.Lock()
         self._request_lock = threading.Lock()
         self._last_request: tuple[np.ndarray, np.ndarray] | None = None
@@ -280,9 +283,21 @@ class SdfServer(Node):
     # ------------------------------------------------------------------ world updates
 
     def _reject(self, what: str, why: str) -> None:
+        """Count and log a rejected input; the same rejection repeated within a second (a pose
+        stream for a removed obstacle, say) is logged once, with the number left out."""
+        now = time.monotonic()
+        key = (what, why)
         with self._count_lock:
             self._rejected += 1
-        self.get_logger().warning(f"rejected {what}: {why}")
+            last, suppressed = self._reject_log.get(key, (-math.inf, 0))
+            if now - last < _REJECT_LOG_PERIOD_S:
+                self._reject_log[key] = (last, suppressed + 1)
+                return
+            self._reject_log[key] = (now, 0)
+            if len(self._reject_log) > 1000:  # forget old keys; bounded memory under any input
+                self._reject_log = {k: v for k, v in self._reject_log.items() if now - v[0] < _REJECT_LOG_PERIOD_S}
+        repeats = f" ({suppressed} identical rejections not logged)" if suppressed else ""
+        self.get_logger().warning(f"rejected {what}: {why}{repeats}")
 
     def _guarded(self, what: str, apply: Callable[[], str]) -> None:
         """Run one world update; log its outcome; never let an exception escape."""
