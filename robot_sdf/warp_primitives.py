@@ -5,9 +5,11 @@ Shapes (design.md section 3): query_spheres (b,h,n,4) float32; out_cost (b,h,n);
 mesh_pose_inverse (E,M,8) float32; mesh_enable (E,M) uint8; n_env_mesh (E,) int32;
 env_query_idx (b,) int32 or None.
 
-Two arguments beyond cuRobo's are accepted at the end with defaults: ``sign_method`` (a
-SignMethod; NORMAL unless given) and, for the plain Function, nothing else. Outputs are fully
-rewritten on every call. ``backward`` returns grad_output[..., None] * out_grad for the spheres.
+One argument beyond cuRobo's is accepted at the end of both: ``sign_method`` (a SignMethod or
+its name; NORMAL unless given). The tensors may live on the CPU or on CUDA (the mesh tensors on
+the spheres' device); Warp runs there, on torch's current stream. Outputs are fully rewritten on
+every call; gradients are computed only when query_spheres requires grad (else out_grad is
+zero-filled). ``backward`` returns grad_output[..., None] * out_grad for the spheres.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import warp as wp
 
-from robot_sdf import geometry
+from robot_sdf import cost, geometry
 from robot_sdf.types import POSE_INVERSE_SIZE, SignMethod, WorldSnapshot
 from robot_sdf.warp_primitives import init_warp, warp_device
 
@@ -198,21 +198,29 @@ class MeshWorld:
         with self._refit_lock.read():
             yield self._snapshot
 
+    # The accessors below take the writer lock (never held across a BVH build) so that they do
+    # not see a slot half way through a replacement.
     def has_mesh(self, name: str, env: int = 0) -> bool:
         self._check_env(env)
-        return self._find(name, env) is not None
+        with self._write_lock:
+            return self._find(name, env) is not None
 
     def mesh_names(self, env: int = 0) -> list[str]:
         self._check_env(env)
-        return [s.name for s in self._slots[env]]
+        with self._write_lock:
+            return [s.name for s in self._slots[env]]
 
     def mesh_count(self) -> int:
-        return sum(len(s) for s in self._slots)
+        with self._write_lock:
+            return sum(len(s) for s in self._slots)
 
     def mesh_geometry(self, name: str, env: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-        """(vertices (V,3) float32, triangles (T,3) int32, pose (7,) float64, enabled) of a mesh."""
-        slot = self._require(name, env)
-        return slot.geometry.vertices, slot.geometry.triangles, slot.pose.copy(), slot.enabled
+        """(vertices (V,3) float32, triangles (T,3) int32, pose (7,) float64, enabled) of a mesh.
+
+        The arrays are the world's read-only copies (the same objects until the geometry changes)."""
+        with self._write_lock:
+            slot = self._require(name, env)
+            return slot.geometry.vertices, slot.geometry.triangles, slot.pose.copy(), slot.enabled
 
     # ------------------------------------------------------------------ mutations
     def add_mesh(self, name: str, vertices, triangles, pose=None, env: int = 0, enabled: bool = True) -> int:
@@ -405,29 +413,29 @@ class MeshWorld:
 
     # ------------------------------------------------------------------ evaluation (see cost.py)
     def sphere_cost(self, spheres, activation_distance=0.05, weight=1.0, env_index=None, max_distance=None):
-        from robot_sdf import cost
+        """Differentiable cost (b,h,n) of spheres (b,h,n,4) [x,y,z,r, m]; see cost.py."""
         return cost.sphere_cost(self, spheres, activation_distance, weight, env_index, max_distance)
 
     def swept_sphere_cost(self, spheres, activation_distance=0.05, weight=1.0, sweep_steps=4, speed_dt=0.1,
                           enable_speed_metric=False, env_index=None, max_distance=None):
-        from robot_sdf import cost
+        """Differentiable swept cost (b,h,n) of trajectories of spheres (b,h,n,4); see cost.py."""
         return cost.swept_sphere_cost(self, spheres, activation_distance, weight, sweep_steps, speed_dt,
                                       enable_speed_metric, env_index, max_distance)
 
     def signed_distance(self, points, env=0, max_distance=None, return_revision=False):
-        from robot_sdf import cost
+        """Signed distance (n,) of points (n,3) to env's meshes, and its gradient (n,3); see cost.py."""
         return cost.signed_distance(self, points, env, max_distance, return_revision)
 
     def evaluate_sphere_cost(self, spheres, activation_distance=0.05, weight=1.0, env_index=None,
                              max_distance=None, compute_gradient=True, return_revision=False):
-        from robot_sdf import cost
+        """Cost (b,h,n) and gradient (b,h,n,3) or None, without autograd; see cost.py."""
         return cost.evaluate_sphere_cost(self, spheres, activation_distance, weight, env_index, max_distance,
                                          compute_gradient, return_revision)
 
     def evaluate_swept_sphere_cost(self, spheres, activation_distance=0.05, weight=1.0, sweep_steps=4,
                                    speed_dt=0.1, enable_speed_metric=False, env_index=None, max_distance=None,
                                    compute_gradient=True, return_revision=False):
-        from robot_sdf import cost
+        """Swept cost (b,h,n) and gradient (b,h,n,3) or None, without autograd; see cost.py."""
         return cost.evaluate_swept_sphere_cost(self, spheres, activation_distance, weight, sweep_steps, speed_dt,
                                                enable_speed_metric, env_index, max_distance, compute_gradient,
                                                return_revision)
