@@ -109,6 +109,7 @@ class SdfClient:
             QuerySignedDistance: node.create_client(QuerySignedDistance, f"{base}/query_signed_distance"),
         }
         self._lock = threading.Lock()
+        self._closed = False
         # pending request future -> (rclpy future, client, deadline); failed by the watchdog
         self._pending: dict[concurrent.futures.Future, tuple[Any, Any, float]] = {}
         self._watchdog = node.create_timer(_WATCHDOG_PERIOD_S, self._expire)
@@ -138,6 +139,9 @@ class SdfClient:
     def close(self) -> None:
         """Fail pending requests, destroy the service clients (and the private node)."""
         with self._lock:
+            if self._closed:
+                return
+            self._closed = True
             pending, self._pending = self._pending, {}
         for fut, (rfut, client, _) in pending.items():
             client.remove_pending_request(rfut)
@@ -162,6 +166,8 @@ class SdfClient:
 
     def _call_async(self, srv_type, request, convert: Callable[[Any, float], Any],
                     timeout_s: float | None) -> concurrent.futures.Future:
+        if self._closed:
+            raise SdfServiceError("the client is closed")
         client = self._clients[srv_type]
         fut: concurrent.futures.Future = concurrent.futures.Future()
         t0 = time.perf_counter()

@@ -189,6 +189,9 @@ def test_errors_raise(setup):
             lost.signed_distance_async(torch.zeros(1, 3)).result(timeout=5)
     finally:
         lost.close()
+    lost.close()  # idempotent
+    with pytest.raises(SdfServiceError, match="closed"):
+        lost.sphere_cost(_spheres(1))
 
 
 def test_client_on_a_given_node(setup):
