@@ -23,7 +23,7 @@ import warp as wp
 
 from bench import Stats, emit, fmt_ms, fmt_rate, load_average, measure, section, table
 from bench import scenes
-from robot_sdf import MeshWorld, SignMethod
+from robot_sdf import MeshWorld, SignMethod, kernels
 from robot_sdf.warp_primitives import SdfMeshWarpPy, SweptSdfMeshWarpPy, _launch, warp_device
 
 wp.set_module_options({"enable_backward": False})
@@ -58,8 +58,7 @@ def traversal_floor_kernel(
         bound = max_dist + s[3] + eta
     best = bound
     for i in range(n_mesh):
-        t = wp.vec3(pose_inv[0, i, 0], pose_inv[0, i, 1], pose_inv[0, i, 2])
-        q = wp.quat(pose_inv[0, i, 4], pose_inv[0, i, 5], pose_inv[0, i, 6], pose_inv[0, i, 3])
+        t, q = kernels.slot_pose(pose_inv, 0, i)
         pm = wp.quat_rotate(q, p) + t
         mesh = wp.uint64(mesh_idx[0, i])
         face = int(0)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from robot_sdf.examples.backends import quiet_warp, read_node_params, resolve_scene_file
+from robot_sdf.examples.backends import read_node_params, resolve_scene_file
 from robot_sdf.ros.server_process import ServerProcess
 from robot_sdf.examples.mpc_demo import (
     add_mpc_arguments,
@@ -147,7 +147,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
     args = parser.parse_args(argv)
     os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
-    quiet_warp()
     t_start = time.perf_counter()
     scenario, params_file = resolve_inputs(args)
     config = mpc_config(args)

@@ -31,7 +31,6 @@ from robot_sdf.examples.backends import (
     InProcessBackend,
     ServiceBackend,
     config_path,
-    quiet_warp,
     read_node_params,
 )
 from robot_sdf.examples.mppi import MpcConfig, Mppi
@@ -256,7 +255,6 @@ def main(argv: list[str] | None = None) -> int:
     add_mpc_arguments(parser)
     args = parser.parse_args(argv)
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
-    quiet_warp()
     scenario, params = resolve_inputs(args)
     config = mpc_config(args)
     try:
