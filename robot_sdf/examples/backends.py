@@ -27,6 +27,24 @@ from robot_sdf.examples.mppi import CollisionEval
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "config"
 
 
+def config_path(name: str) -> Path:
+    """A file of the package's config/ directory: the source checkout first, else the installed
+    share directory (ament index). Raises FileNotFoundError naming both places."""
+    local = REPO_CONFIG / name
+    if local.exists():
+        return local
+    try:
+        from ament_index_python.packages import get_package_share_directory
+
+        shared = Path(get_package_share_directory("robot_sdf")) / "config" / name
+        if shared.exists():
+            return shared
+    except Exception:  # noqa: BLE001 - ament index absent or package not installed
+        shared = None
+    raise FileNotFoundError(f"config file {name!r} not found in {REPO_CONFIG}"
+                            + (f" nor {shared}" if shared else ""))
+
+
 def read_node_params(path: str | Path) -> dict[str, Any]:
     """The ``sdf_server: ros__parameters:`` mapping of a node parameter file (``/**`` accepted)."""
     p = Path(path)
