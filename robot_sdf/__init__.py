@@ -1,6 +1,6 @@
 """robot_sdf: collision costs of robot spheres against triangle-mesh worlds, on Warp.
 
-The core (this package without ``robot_sdf.ros``, ``robot_sdf.client`` and the examples) imports
+The core (this package without ``robot_sdf.ros`` and the examples) imports
 no ROS module, so an MPC can use it in-process.
 """
 from robot_sdf.types import IDENTITY_POSE, SignMethod, WorldSnapshot

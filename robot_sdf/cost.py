@@ -2,6 +2,11 @@
 
 All inputs are torch tensors on any device (moved to the world's device); outputs live on the
 world's device. Lengths are metres.
+
+Dependency direction: world.py imports this module (MeshWorld's evaluation methods delegate
+here); this module never imports world.py and uses only MeshWorld's public API (``device``,
+``num_envs``, ``max_distance``, ``check_env``, ``reading``), so any object offering that API
+can be evaluated.
 """
 from __future__ import annotations
 
@@ -104,7 +109,7 @@ def signed_distance(world, points, env=0, max_distance=None, return_revision=Fal
     pts = torch.as_tensor(points)
     if pts.dim() != 2 or pts.shape[-1] != 3:
         raise ValueError(f"points must be (n, 3), got {tuple(pts.shape)}")
-    world._check_env(env)
+    world.check_env(env)
     pts = pts.to(device=world.device, dtype=torch.float32)
     spheres = torch.cat([pts, torch.zeros_like(pts[:, :1])], dim=1).reshape(1, 1, -1, 4)
     # weight -1 turns the ESDF value max_i(-sd_i) into min_i sd_i, the signed distance to the union.

@@ -45,6 +45,27 @@ def validate_triangles(triangles, num_vertices: int) -> np.ndarray:
     return np.ascontiguousarray(t, dtype=np.int32)
 
 
+def validate_mesh(vertices, triangles) -> tuple[np.ndarray, np.ndarray]:
+    """Everything add_mesh checks of a geometry: (V,3) finite float32 vertices, (T,3) int32
+    in-range triangles, at least one with non-zero area. Raises ValueError."""
+    v = validate_vertices(vertices)
+    t = validate_triangles(triangles, v.shape[0])
+    check_area(v, t)
+    return v, t
+
+
+def check_area(vertices: np.ndarray, triangles: np.ndarray) -> None:
+    """Reject meshes whose triangles are all degenerate (zero area)."""
+    # Almost every real mesh proves itself within its first triangles; the full pass is the
+    # slow path for suspicious input only (it was 40 % of add_mesh for 10k triangles).
+    for tris in (triangles[:64], triangles):
+        tri = vertices[tris].astype(np.float64)
+        area2 = np.linalg.norm(np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0]), axis=1)
+        if np.any(area2 > 0.0):
+            return
+    raise ValueError("mesh has no triangle with non-zero area")
+
+
 def validate_pose(pose) -> np.ndarray:
     """Return a (7,) float64 pose x,y,z,qw,qx,qy,qz with a unit quaternion, or raise ValueError.
 

@@ -128,7 +128,7 @@ def scene_frame(path: str | Path) -> str:
 def apply_scene(world, specs: list[ObstacleSpec]) -> int:
     """Add every obstacle to ``world``; all are validated before any is added, so a bad scene
     changes nothing. Returns the revision."""
-    from robot_sdf.world import validate_mesh
+    from robot_sdf.geometry import validate_mesh
 
     for spec in specs:
         try:

@@ -201,12 +201,12 @@ class MeshWorld:
     # The accessors below take the writer lock (never held across a BVH build) so that they do
     # not see a slot half way through a replacement.
     def has_mesh(self, name: str, env: int = 0) -> bool:
-        self._check_env(env)
+        self.check_env(env)
         with self._write_lock:
             return self._find(name, env) is not None
 
     def mesh_names(self, env: int = 0) -> list[str]:
-        self._check_env(env)
+        self.check_env(env)
         with self._write_lock:
             return [s.name for s in self._slots[env]]
 
@@ -230,8 +230,8 @@ class MeshWorld:
         from outside; pose (7,) the mesh frame in the world. Returns the new revision.
         """
         self._check_name(name)
-        self._check_env(env)
-        v, t = validate_mesh(vertices, triangles)
+        self.check_env(env)
+        v, t = geometry.validate_mesh(vertices, triangles)
         p = geometry.validate_pose(pose)
         key = _content_key(v, t)
         prebuilt = self._prebuild(key, v, t)
@@ -292,7 +292,7 @@ class MeshWorld:
                     f"update_vertices: {name!r} has {old.vertices.shape[0]} vertices, got {v.shape[0]}; "
                     "use add_mesh to change topology"
                 )
-            _check_area(v, old.triangles)
+            geometry.check_area(v, old.triangles)
             key = _content_key(v, old.triangles)
             if old.users > 1 or key in self._geometries or key in self._unused:
                 # Shared (or already cached) content: this slot gets its own geometry.
@@ -313,11 +313,13 @@ class MeshWorld:
                     return self._publish()
             return self._publish()
 
-    # ------------------------------------------------------------------ internals
-    def _check_env(self, env) -> None:
+    # ------------------------------------------------------------------ checks
+    def check_env(self, env) -> None:
+        """Raise ValueError unless ``env`` is an environment index of this world (0..num_envs-1)."""
         if not isinstance(env, (int, np.integer)) or isinstance(env, bool) or not 0 <= int(env) < self.num_envs:
             raise ValueError(f"env {env!r} out of range: this world has {self.num_envs} environment(s)")
 
+    # ------------------------------------------------------------------ internals
     def _sync_device_before_write(self) -> None:
         # Queries run on torch's current stream, builds and refits on Warp's: on CUDA, let queued
         # queries finish before a BVH changes under them.
@@ -340,7 +342,7 @@ class MeshWorld:
         return None
 
     def _require(self, name: str, env: int) -> _Slot:
-        self._check_env(env)
+        self.check_env(env)
         slot = self._find(name, env)
         if slot is None:
             raise KeyError(f"no mesh {name!r} in env {env}")
@@ -412,6 +414,8 @@ class MeshWorld:
         )
 
     # ------------------------------------------------------------------ evaluation (see cost.py)
+    # One direction only: these methods call cost.py, which uses nothing but this class's public
+    # API (device, num_envs, max_distance, check_env, reading) and never imports this module.
     def sphere_cost(self, spheres, activation_distance=0.05, weight=1.0, env_index=None, max_distance=None):
         """Differentiable cost (b,h,n) of spheres (b,h,n,4) [x,y,z,r, m]; see cost.py."""
         return cost.sphere_cost(self, spheres, activation_distance, weight, env_index, max_distance)
@@ -440,23 +444,3 @@ class MeshWorld:
                                                enable_speed_metric, env_index, max_distance, compute_gradient,
                                                return_revision)
 
-
-def validate_mesh(vertices, triangles) -> tuple[np.ndarray, np.ndarray]:
-    """Everything add_mesh checks of a geometry: (V,3) finite float32 vertices, (T,3) int32
-    in-range triangles, at least one with non-zero area. Raises ValueError."""
-    v = geometry.validate_vertices(vertices)
-    t = geometry.validate_triangles(triangles, v.shape[0])
-    _check_area(v, t)
-    return v, t
-
-
-def _check_area(vertices: np.ndarray, triangles: np.ndarray) -> None:
-    """Reject meshes whose triangles are all degenerate (zero area)."""
-    # Almost every real mesh proves itself within its first triangles; the full pass is the
-    # slow path for suspicious input only (it was 40 % of add_mesh for 10k triangles).
-    for tris in (triangles[:64], triangles):
-        tri = vertices[tris].astype(np.float64)
-        area2 = np.linalg.norm(np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0]), axis=1)
-        if np.any(area2 > 0.0):
-            return
-    raise ValueError("mesh has no triangle with non-zero area")

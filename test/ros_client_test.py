@@ -1,4 +1,4 @@
-"""robot_sdf.client.SdfClient against a running sdf_server: sync, async, autograd, errors.
+"""robot_sdf.ros.client.SdfClient against a running sdf_server: sync, async, autograd, errors.
 
 One node process for the module. Results are compared with an in-process MeshWorld holding the
 same mesh, with analytic box distances and with finite differences of the remote cost.
@@ -16,7 +16,7 @@ import torch
 import reference as ref
 import ros_helpers as rh
 from robot_sdf import MeshWorld
-from robot_sdf.client import (CostResult, RemoteSphereCost, RemoteSweptSphereCost, SdfClient,
+from robot_sdf.ros.client import (CostResult, RemoteSphereCost, RemoteSweptSphereCost, SdfClient,
                               SdfServiceError, remote_sphere_cost, remote_swept_sphere_cost)
 from robot_sdf.ros.conversions import make_mesh_obstacle
 from robot_sdf_interfaces.msg import MeshObstacle

@@ -125,7 +125,7 @@ class InProcessBackend(_Common):
 
 
 class ServiceBackend(_Common):
-    """The sdf_server node's services through robot_sdf.client.SdfClient.
+    """The sdf_server node's services through robot_sdf.ros.client.SdfClient.
 
     server: the node's name ("/sdf_server"); frame: world frame of the pose messages;
     timeout_s: how long to wait for the services and for each response.
@@ -143,7 +143,7 @@ class ServiceBackend(_Common):
         from diagnostic_msgs.msg import DiagnosticArray
         from visualization_msgs.msg import MarkerArray
 
-        from robot_sdf.client import SdfClient
+        from robot_sdf.ros.client import SdfClient
         from robot_sdf_interfaces.msg import ObstaclePose
 
         self.server = server.rstrip("/")

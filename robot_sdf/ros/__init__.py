@@ -8,5 +8,5 @@ Importing this package does not import rclpy; the submodules do:
 - ``robot_sdf.ros.markers``: rviz markers of meshes and request spheres.
 - ``robot_sdf.ros.sdf_server``: the node (console script ``sdf_server``).
 
-The MPC-side client lives in ``robot_sdf.client``.
+The MPC-side client lives in ``robot_sdf.ros.client``.
 """

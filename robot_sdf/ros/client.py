@@ -1,6 +1,6 @@
 """Client of the ``sdf_server`` services for MPC code: torch tensors in, torch tensors out.
 
-    from robot_sdf.client import SdfClient, remote_sphere_cost
+    from robot_sdf.ros.client import SdfClient, remote_sphere_cost
     client = SdfClient()                      # own rclpy node, spun in a background thread
     client.wait_for_services(10.0)
     res = client.sphere_cost(spheres)         # spheres (b,h,n,4) x,y,z,r [m], world frame

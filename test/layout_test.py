@@ -1,0 +1,88 @@
+"""Import picture of the package: the core never loads ROS; world -> cost is one-way.
+
+The core modules are imported in a fresh interpreter (this process has rclpy loaded already by
+other tests) and its sys.modules is inspected afterwards.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "robot_sdf"
+CORE_MODULES = ("robot_sdf", "robot_sdf.kernels", "robot_sdf.warp_primitives", "robot_sdf.world",
+                "robot_sdf.cost", "robot_sdf.geometry", "robot_sdf.io", "robot_sdf.scene",
+                "robot_sdf.types", "robot_sdf.ros")  # robot_sdf.ros itself imports nothing
+
+
+def _is_ros_module(name: str) -> bool:
+    top = name.split(".")[0]
+    return (top in ("rclpy", "rosidl_parser", "rosidl_runtime_py", "tf2_ros", "ament_index_python",
+                    "builtin_interfaces", "rcl_interfaces")
+            or top.endswith("_msgs") or top.endswith("_srvs") or top.endswith("_interfaces"))
+
+
+def test_core_imports_no_ros_module():
+    code = ("import importlib, json, sys\n"
+            f"for m in {CORE_MODULES!r}: importlib.import_module(m)\n"
+            "print(json.dumps(sorted(sys.modules)))\n")
+    env_path = {"PYTHONPATH": str(REPO)}
+    import os
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, **env_path), cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "robot_sdf.world" in loaded and "warp" in loaded  # the import really happened
+    ros = [m for m in loaded if _is_ros_module(m)]
+    assert ros == [], f"core modules loaded ROS modules: {ros}"
+
+
+def test_ros_module_check_catches_a_ros_import():
+    """The predicate above is not vacuous: it flags what the ROS layer loads."""
+    assert _is_ros_module("rclpy.node") and _is_ros_module("geometry_msgs.msg")
+    assert _is_ros_module("robot_sdf_interfaces.msg") and not _is_ros_module("robot_sdf.world")
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def test_client_lives_in_the_ros_layer():
+    assert not (PACKAGE / "client.py").exists()
+    assert (PACKAGE / "ros" / "client.py").is_file()
+
+
+def test_cost_does_not_import_world_nor_touch_its_private_parts():
+    imported = _imports(PACKAGE / "cost.py")
+    assert not any(n == "robot_sdf.world" or n.startswith("robot_sdf.world.") for n in imported)
+    tree = ast.parse((PACKAGE / "cost.py").read_text())
+    private = sorted({n.attr for n in ast.walk(tree)
+                      if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                      and n.value.id == "world" and n.attr.startswith("_")})
+    assert private == [], f"cost.py uses private MeshWorld members: {private}"
+
+
+def test_mesh_validation_lives_in_geometry():
+    from robot_sdf import geometry, world
+
+    assert not hasattr(world, "validate_mesh")
+    import numpy as np
+    import pytest
+
+    v = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0]], dtype=np.float32)
+    vv, tt = geometry.validate_mesh(v, [[0, 1, 2]])
+    assert vv.dtype == np.float32 and tt.tolist() == [[0, 1, 2]]
+    with pytest.raises(ValueError, match="non-zero area"):
+        geometry.validate_mesh(np.zeros((3, 3)), [[0, 1, 2]])
