@@ -1,7 +1,8 @@
 # robot_sdf developer entry points (GNU make).
 #
 #   make venv         build .venv: pinned deps, robot_sdf_interfaces (CMake), robot_sdf (editable)
-#   make test         run the pytest suite
+#   make test         run the pytest suite (test/colcon_test.py builds build/colcon_ws with colcon)
+#   make colcon       build the ROS 2 workspace build/colcon_ws (both packages) with colcon
 #   make demo         run the demo (robot_sdf.examples.demo)
 #   make bench        install the benchmark extras and run the benchmarks (python -m bench)
 #   make interfaces   rebuild and reinstall robot_sdf_interfaces into the venv
@@ -30,7 +31,7 @@ IFACE_STAMP := $(VENV)/.robot_sdf-interfaces-stamp
 STAMP := $(VENV)/.robot_sdf-stamp
 BENCH_STAMP := $(VENV)/.robot_sdf-bench-stamp
 
-.PHONY: venv test demo bench interfaces clean distclean
+.PHONY: venv test colcon demo bench interfaces clean distclean
 
 venv: $(STAMP)
 
@@ -42,9 +43,10 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip==$(PIP_VERSION)
 
-$(DEPS_STAMP): requirements.txt | $(PY)
-	@echo "[setup] 1/3 installing pinned Python dependencies (torch, warp, ROS 2 wheels) ..."
+$(DEPS_STAMP): requirements.txt requirements-colcon.txt | $(PY)
+	@echo "[setup] 1/3 installing pinned Python dependencies (torch, warp, ROS 2 wheels, colcon) ..."
 	$(PIP) install -r requirements.txt
+	$(PIP) install --no-deps -r requirements-colcon.txt
 	@touch $@
 
 # The package version never changes when a .msg/.srv does, hence --force-reinstall; --no-deps
@@ -70,6 +72,16 @@ $(STAMP): $(IFACE_STAMP) setup.py setup.cfg
 
 test: venv
 	$(PY) -m pytest -q test
+
+# The workspace build of the README (`colcon build --paths src/robot_sdf src/robot_sdf/robot_sdf_interfaces`)
+# from this checkout, into build/colcon_ws/{build,install,log}. Incremental: a few seconds when nothing
+# changed. test/colcon_test.py runs the same command and then starts sdf_server from the install.
+COLCON_WS := build/colcon_ws
+colcon: venv
+	mkdir -p $(COLCON_WS)
+	cd $(COLCON_WS) && env -u AMENT_PREFIX_PATH -u CMAKE_PREFIX_PATH -u COLCON_PREFIX_PATH PATH="$(abspath $(VENV))/bin:$$PATH" \
+	  $(abspath $(PY)) -m colcon --log-base log build --paths $(CURDIR) $(CURDIR)/$(IFACE_DIR) \
+	  --build-base build --install-base install
 
 demo: venv
 	$(PY) -m robot_sdf.examples.demo

@@ -16,14 +16,18 @@ class ServerProcess:
     """``python -m robot_sdf.ros.sdf_server --ros-args --params-file <file>``; output to a log file.
 
     env: the full environment of the child (set ROS_DOMAIN_ID and
-    ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST there).
+    ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST there); executable: the command that starts the node
+    (default ``python -m robot_sdf.ros.sdf_server``; e.g. an installed ``lib/robot_sdf/sdf_server``);
+    ros_args: more ``--ros-args`` arguments after the parameter file (``-p name:=value``).
     """
 
-    def __init__(self, params_file: Path, log_path: Path, env: dict[str, str], cwd: Path | None = None) -> None:
+    def __init__(self, params_file: Path, log_path: Path, env: dict[str, str], cwd: Path | None = None,
+                 executable: list[str] | None = None, ros_args: list[str] | None = None) -> None:
         self.params_file = Path(params_file)
         self.log_path = Path(log_path)
         self._log = open(self.log_path, "w")
-        cmd = [sys.executable, "-m", "robot_sdf.ros.sdf_server", "--ros-args", "--params-file", str(params_file)]
+        start = executable or [sys.executable, "-m", "robot_sdf.ros.sdf_server"]
+        cmd = [*start, "--ros-args", "--params-file", str(params_file), *(ros_args or [])]
         self.proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT)
 
     def log(self) -> str:
