@@ -52,6 +52,7 @@ setup(
     entry_points={
         "console_scripts": [
             "sdf_server = robot_sdf.ros.sdf_server:main",
+            "sdf_server_managed = robot_sdf.ros.lifecycle:main",
             "mpc_demo = robot_sdf.examples.mpc_demo:main",
             "render_slice = robot_sdf.tools.render_slice:main",
         ],

@@ -89,7 +89,7 @@ def test_ament_index_finds_config_launch_and_rviz_files(workspace, monkeypatch):
         assert (share / rel).read_bytes() == (rh.REPO / rel).read_bytes(), rel
     assert (Path(get_package_prefix("robot_sdf_interfaces")) / "share" / "robot_sdf_interfaces" / "msg"
             / "MeshObstacle.msg").is_file()
-    for exe in ("sdf_server",):
+    for exe in ("sdf_server", "sdf_server_managed"):
         assert os.access(INSTALL / "robot_sdf" / "lib" / "robot_sdf" / exe, os.X_OK), exe
 
 

@@ -28,7 +28,7 @@ def test_small_mesh_is_drawn_whole_and_big_mesh_as_its_bounding_box():
     world.add_mesh("box", bv, bt, pose=(1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0))
     world.add_mesh("ball", sv, st, pose=(0.0, 2.0, 0.0, 1.0, 0.0, 0.0, 0.0))
     state = MarkerState(world, 1, "world", lambda: (0, None), max_triangles=1000)
-    markers = {m.text: m for m in state.update(subscribers=1)}
+    markers = {m.text: m for m in state.update()}
 
     box = _points(markers["box"])
     np.testing.assert_allclose(box, bv[bt.reshape(-1)], atol=1e-12)  # mesh frame, all triangles
@@ -44,20 +44,31 @@ def test_small_mesh_is_drawn_whole_and_big_mesh_as_its_bounding_box():
     assert markers["ball"].pose.position.y == 2.0
 
 
-def test_only_changed_meshes_are_resent():
+def test_only_changed_meshes_are_resent_and_a_full_update_resends_all():
     world = MeshWorld(device="cpu")
     bv, bt = ref.box((0.2, 0.2, 0.2))
     world.add_mesh("a", bv, bt)
     world.add_mesh("b", bv, bt, pose=(1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0))
-    state = MarkerState(world, 1, "world", lambda: (0, None))
-    assert len(state.update(subscribers=1)) == 2
-    assert state.update(subscribers=1) == []
+    request = [0, None]
+    state = MarkerState(world, 1, "world", lambda: tuple(request))
+    assert len(state.update()) == 2
+    assert state.update() == [] and state.update(full=True) == []  # nothing changed: nothing to send
     world.set_pose("b", (2.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0))
-    (moved,) = state.update(subscribers=1)
+    (moved,) = state.update()
     assert moved.text == "b" and moved.pose.position.x == 2.0
     world.remove_mesh("a")
-    (deleted,) = state.update(subscribers=1)
+    (deleted,) = state.update()
     assert deleted.action == Marker.DELETE
+    # a full update carries every mesh and the request spheres, not only what changed
+    world.add_mesh("c", bv, bt, pose=(0.0, 3.0, 0.0, 1.0, 0.0, 0.0, 0.0))
+    request[:] = [1, (np.array([[0.0, 0.0, 0.0, 0.1]]), np.array([0.5]))]
+    full = state.update(full=True)
+    assert sorted(m.text for m in full if m.type == Marker.TRIANGLE_LIST) == ["b", "c"]
+    assert [m.ns for m in full if m.type == Marker.SPHERE_LIST] == ["request_spheres"]
+    # redraw() with a lower triangle limit re-sends every mesh, now as bounding boxes
+    state.redraw(max_triangles=12)
+    world.set_pose("c", (0.0, 4.0, 0.0, 1.0, 0.0, 0.0, 0.0))
+    assert sorted(m.text for m in state.update() if m.type == Marker.TRIANGLE_LIST) == ["b", "c"]
 
 
 def test_cost_colours_run_green_to_red():

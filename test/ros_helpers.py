@@ -34,6 +34,9 @@ NODE = "/sdf_server"
 SERVICE_TIMEOUT_S = 30.0
 MESH_QOS = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE,
                       durability=DurabilityPolicy.TRANSIENT_LOCAL)
+# what a viewer of ~/markers asks for (config/robot_sdf.rviz): the node keeps 10 messages
+MARKER_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE,
+                        durability=DurabilityPolicy.TRANSIENT_LOCAL)
 
 
 def domain_id(offset: int) -> int:

@@ -367,7 +367,8 @@ def test_pose_topic_moves_scene_obstacle(server):
 
 
 def test_markers(server):
-    markers = server.harness.subscribe(MarkerArray, "/sdf_server/markers")
+    # as rviz does with config/robot_sdf.rviz: transient_local, so the history reaches us
+    markers = server.harness.subscribe(MarkerArray, "/sdf_server/markers", rh.MARKER_QOS)
     v, t = ref.box((0.2, 0.2, 0.2))
     pose = np.array([-5.0, 0.0, 0.5, 1.0, 0.0, 0.0, 0.0])
 
@@ -376,7 +377,7 @@ def test_markers(server):
             return next((m for m in arr.markers if m.text == name and m.action == Marker.ADD), None)
         return find
 
-    # a new subscriber gets every mesh, scene ones included
+    # a subscriber that comes late gets every mesh, scene ones included, from the topic history
     arr = markers.wait_for(lambda a: mesh_marker("slice_box")(a) is not None, 10.0)
     m = mesh_marker("slice_box")(arr)
     assert m.type == Marker.TRIANGLE_LIST and m.ns == "env_0" and m.header.frame_id == "world"
@@ -410,12 +411,14 @@ def test_markers(server):
     assert 0 < mid.r < 1 and diam_mid == pytest.approx(0.06)
 
     # later updates carry only what changed: a MOVE re-sends that mesh alone, with its new pose
+    # (or, every MARKER_HISTORY-th update, every mesh: a full update)
     moved = pose.copy()
     moved[1] = 0.25
     server.publish(make_mesh_obstacle("marker_box", None, None, moved, operation=MeshObstacle.MOVE))
     arr = markers.wait_for(lambda a: (m := mesh_marker("marker_box")(a)) is not None
                            and m.pose.position.y == pytest.approx(0.25), 10.0)
-    assert [m.text for m in arr.markers if m.type == Marker.TRIANGLE_LIST] == ["marker_box"]
+    sent = [m.text for m in arr.markers if m.type == Marker.TRIANGLE_LIST]
+    assert sent == ["marker_box"] or (len(sent) > 3 and "marker_box" in sent), sent  # change or full update
     assert mesh_marker("marker_box")(arr).id == added.id
     server.publish(make_mesh_obstacle("marker_box", None, None, operation=MeshObstacle.DISABLE))
     arr = markers.wait_for(lambda a: (m := mesh_marker("marker_box")(a)) is not None and m.color.a < 0.5, 10.0)

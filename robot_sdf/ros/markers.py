@@ -1,8 +1,8 @@
 """rviz markers of the sdf_server world: meshes as TRIANGLE_LISTs, request spheres by cost.
 
 MarkerState remembers what ``~/markers`` last showed so an update sends only what changed:
-a mesh marker when its pose, enable flag or geometry changed (all of them when a new viewer
-subscribes), DELETE markers for removed meshes, and the spheres of the last cost request.
+a mesh marker when its pose, enable flag or geometry changed, DELETE markers for removed meshes,
+and the spheres of the last cost request; a full update sends every marker (see MarkerState).
 Marker ids are stable per (env, mesh id) for the node's lifetime; the namespace is ``env_<n>``
 and the mesh id is in ``text``.
 """
@@ -119,41 +119,51 @@ class MarkerState:
 
     world: a MeshWorld; num_envs: its environments; frame_id: marker frame;
     last_request: returns (sequence number, (spheres (k,4), cost (k,)) or None);
-    max_triangles: meshes above it are drawn as their bounding box.
+    max_triangles: meshes above it are drawn as their bounding box (may be changed at run time).
+
+    ``update(full)`` returns nothing when neither the world nor the last request changed since
+    the previous update; otherwise the changed markers, or with ``full`` every marker (all meshes,
+    the request spheres, DELETEs of what disappeared). The node publishes them on a
+    transient_local topic and sends a full update at least every few updates, so a viewer that
+    subscribes late receives, from the topic's history, a full state and the changes after it.
     """
 
     def __init__(self, world, num_envs: int, frame_id: str,
                  last_request: Callable[[], tuple[int, Any]], max_triangles: int = 20000) -> None:
         self._world, self._num_envs, self._frame = world, num_envs, frame_id
-        self._max_triangles = int(max_triangles)
+        self.max_triangles = int(max_triangles)
         self._last_request = last_request
         self._revision = -1
-        self._subscribers = 0
         self._request_seq = 0
         self._sphere_markers = 0
         self._ids: dict[tuple[int, str], int] = {}
         self._shown: dict[tuple[int, str], _Shown] = {}
 
-    def update(self, subscribers: int) -> list[Marker]:
-        """Markers to publish now, given the current number of subscribers (none: nothing)."""
-        if subscribers == 0:
-            self._subscribers = 0
+    def redraw(self, max_triangles: int | None = None) -> None:
+        """Forget what was shown (optionally with a new max_triangles): the next update sends every mesh."""
+        if max_triangles is not None:
+            self.max_triangles = int(max_triangles)
+        self._shown = {}
+        self._revision = -1
+
+    def update(self, full: bool = False) -> list[Marker]:
+        """Markers to publish now: [] when nothing changed, else the changes (all with ``full``)."""
+        rev = self._world.revision
+        seq, last = self._last_request()
+        if rev == self._revision and seq == self._request_seq:
             return []
         out: list[Marker] = []
-        everything = subscribers > self._subscribers
-        rev = self._world.revision
-        if everything or rev != self._revision:
+        if full or rev != self._revision:
             self._revision = rev
-            out += self._meshes(everything)
-        self._subscribers = subscribers
-        seq, last = self._last_request()
-        if (everything or seq != self._request_seq) and last is not None:
+            out += self._meshes(full)
+        if (full or seq != self._request_seq) and last is not None:
             self._request_seq = seq
             spheres = sphere_markers(REQUEST_NS, self._frame, *last)
             out += spheres
             out += [delete_marker(REQUEST_NS, k, self._frame)
                     for k in range(len(spheres), self._sphere_markers)]
             self._sphere_markers = len(spheres)
+        self._request_seq = seq
         return out
 
     def _meshes(self, everything: bool) -> list[Marker]:
@@ -169,7 +179,7 @@ class MarkerState:
                 # MeshWorld hands out its stored arrays, so identity tells a new geometry apart.
                 same_geometry = old is not None and old.vertices is vertices and old.triangles is triangles
                 points = old.points if same_geometry else display_points(vertices, triangles,
-                                                                         self._max_triangles)
+                                                                         self.max_triangles)
                 pose_t = tuple(float(x) for x in pose)
                 now[key] = _Shown(vertices, triangles, points, pose_t, enabled)
                 if everything or not same_geometry or old.pose != pose_t or old.enabled != enabled:

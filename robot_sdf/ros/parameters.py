@@ -3,8 +3,11 @@
 The table is plain Python (no rclpy import at module level) so tools and tests can compare it
 with ``config/sdf_server.yaml`` without starting ROS. ``declare_and_validate(node)`` declares
 every entry with a ParameterDescriptor (description, constraints, ranges where rclpy can express
-them, read-only: the world is built from them at start) and returns a validated ServerConfig,
-or raises ConfigError naming the parameter, the value and what is allowed.
+them) and returns a validated ServerConfig, or raises ConfigError naming the parameter, the value
+and what is allowed. Parameters the world or the interfaces are built from are read-only;
+``dynamic=True`` ones (cost defaults, marker, slice, diagnostics and tf lookup settings) may be
+set at run time (``ros2 param set``); the node validates the whole new configuration with
+``validate_values`` before it applies a change.
 """
 from __future__ import annotations
 
@@ -42,6 +45,7 @@ class ParamSpec:
     check: Check | None = None
     int_range: tuple[int, int] | None = None
     float_range: tuple[float, float] | None = None
+    dynamic: bool = False
 
 
 def _positive(v: float) -> str | None:
@@ -68,6 +72,16 @@ def _device(v: str) -> str | None:
     return None if _DEVICE_RE.match(v) else "must be auto, cpu, cuda or cuda:N"
 
 
+def _static_transforms(v: str) -> str | None:
+    from robot_sdf.ros.frames import parse_static_transforms
+
+    try:
+        parse_static_transforms(v)
+    except ValueError as exc:
+        return f"is invalid: {exc}"
+    return None
+
+
 def _pair(positive: bool) -> Check:
     def check(v: list[float]) -> str | None:
         if len(v) != 2 or not all(math.isfinite(x) for x in v):
@@ -80,8 +94,9 @@ def _pair(positive: bool) -> Check:
 
 
 PARAMETERS: tuple[ParamSpec, ...] = (
-    ParamSpec("world_frame", "world", "Frame of all poses, spheres and points; incoming messages "
-              "must carry this header.frame_id.", "non-empty",
+    ParamSpec("world_frame", "world", "Frame of all poses, spheres and points; poses of incoming "
+              "messages in another header.frame_id are transformed into it (tf2, or "
+              "static_transforms where tf2_ros is not installed).", "non-empty",
               lambda v: None if v.strip() else "must not be empty"),
     ParamSpec("device", "auto", "Compute device: auto (cuda:0 when available, else cpu), cpu, "
               "cuda or cuda:N.", "auto|cpu|cuda|cuda:N", _device),
@@ -93,9 +108,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "max_distance + radius + activation_distance cost 0; query_signed_distance "
               "default clamp.", "> 0", _positive, float_range=(0.0, 1000.0)),
     ParamSpec("activation_distance", 0.05, "Default activation distance eta [m] when a request "
-              "sends <= 0.", "> 0", _positive, float_range=(0.0, 100.0)),
+              "sends <= 0.", "> 0", _positive, float_range=(0.0, 100.0), dynamic=True),
     ParamSpec("weight", 1.0, "Default cost weight when a request sends <= 0.", "> 0", _positive,
-              float_range=(0.0, 1e9)),
+              float_range=(0.0, 1e9), dynamic=True),
     ParamSpec("sign_method", "normal", "Inside/outside test of the mesh queries: default, "
               "normal, winding_number or parity (see config/sdf_server.yaml).",
               "default|normal|winding_number|parity", _one_of(SIGN_METHODS)),
@@ -109,34 +124,50 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("scene_file", "", "Scene YAML with static obstacles loaded at start; empty = none.",
               "path or empty"),
     ParamSpec("marker_rate_hz", 2.0, "Rate of ~/markers updates [Hz]; 0 = no markers.", ">= 0",
-              _non_negative, float_range=(0.0, 1000.0)),
+              _non_negative, float_range=(0.0, 1000.0), dynamic=True),
     ParamSpec("publish_request_markers", True, "Also publish the spheres of the last cost "
-              "request (batch row 0), coloured green (cost 0) to red (highest cost)."),
+              "request (batch row 0), coloured green (cost 0) to red (highest cost).", dynamic=True),
     ParamSpec("marker_max_spheres", 4096, "At most this many request spheres in the markers.",
-              ">= 1", _at_least(1), int_range=(1, 1_000_000)),
+              ">= 1", _at_least(1), int_range=(1, 1_000_000), dynamic=True),
     ParamSpec("marker_max_triangles", 20000, "Meshes with more triangles are drawn as their "
               "bounding box in ~/markers (big TRIANGLE_LISTs are slow to serialise).", ">= 12",
-              _at_least(12), int_range=(12, 100_000_000)),
+              _at_least(12), int_range=(12, 100_000_000), dynamic=True),
     ParamSpec("slice_plane", "xy", "Plane of the ~/distance_slice point cloud: xy, xz or yz.",
-              "xy|xz|yz", _one_of(SLICE_PLANES)),
+              "xy|xz|yz", _one_of(SLICE_PLANES), dynamic=True),
     ParamSpec("slice_offset", 0.0, "Offset of the slice plane along its normal axis [m].",
-              "finite", _finite),
+              "finite", _finite, dynamic=True),
     ParamSpec("slice_center", [0.0, 0.0], "Centre of the slice in the plane's two axes [m].",
-              "2 finite numbers", _pair(False)),
+              "2 finite numbers", _pair(False), dynamic=True),
     ParamSpec("slice_size", [2.0, 2.0], "Width and height of the slice [m].", "2 numbers > 0",
-              _pair(True)),
+              _pair(True), dynamic=True),
     ParamSpec("slice_resolution", 0.02, "Grid spacing of the slice [m].", "> 0", _positive,
-              float_range=(0.0, 100.0)),
+              float_range=(0.0, 100.0), dynamic=True),
     ParamSpec("slice_env", 0, "Environment the slice shows.", "0 <= slice_env < num_envs",
-              _at_least(0), int_range=(0, 4095)),
+              _at_least(0), int_range=(0, 4095), dynamic=True),
     ParamSpec("slice_rate_hz", 1.0, "Rate of ~/distance_slice [Hz], published only while "
               "someone subscribes; 0 = never.", ">= 0", _non_negative,
-              float_range=(0.0, 1000.0)),
+              float_range=(0.0, 1000.0), dynamic=True),
     ParamSpec("diagnostics_rate_hz", 1.0, "Rate of /diagnostics [Hz]; 0 = none.", ">= 0",
-              _non_negative, float_range=(0.0, 1000.0)),
+              _non_negative, float_range=(0.0, 1000.0), dynamic=True),
+    ParamSpec("diagnostics_window_s", 10.0, "Rejected messages, failed or slow requests and internal "
+              "errors within this many seconds turn the diagnostics status to WARN (ERROR for internal "
+              "and device errors) [s].", "> 0", _positive, float_range=(0.0, 86400.0), dynamic=True),
+    ParamSpec("slow_request_ms", 1000.0, "A service request taking longer than this counts as slow "
+              "in the diagnostics [ms]; 0 = never.", ">= 0", _non_negative,
+              float_range=(0.0, 3.6e6), dynamic=True),
+    ParamSpec("static_transforms", "", "Fixed transforms 'parent child x y z qw qx qy qz' "
+              "(metres, unit quaternion), entries separated by ';'. Inserted into tf2 as static "
+              "transforms; without tf2_ros the only frames besides world_frame that messages may use.",
+              "entries 'parent child x y z qw qx qy qz' separated by ';'", _static_transforms),
+    ParamSpec("tf_timeout", 0.1, "How long a transform lookup for an incoming message may wait [s]; "
+              "a message whose frame cannot be resolved in time is rejected.", ">= 0", _non_negative,
+              float_range=(0.0, 60.0), dynamic=True),
+    ParamSpec("tf_use_latest", False, "Transform incoming poses with the latest transform instead "
+              "of the one at the message stamp (a zero stamp always means latest).", dynamic=True),
 )
 
 PARAMETER_NAMES: tuple[str, ...] = tuple(p.name for p in PARAMETERS)
+DYNAMIC_PARAMETERS: frozenset[str] = frozenset(p.name for p in PARAMETERS if p.dynamic)
 
 
 @dataclass(frozen=True)
@@ -167,6 +198,11 @@ class ServerConfig:
     slice_env: int
     slice_rate_hz: float
     diagnostics_rate_hz: float
+    diagnostics_window_s: float
+    slow_request_ms: float
+    static_transforms: str
+    tf_timeout: float
+    tf_use_latest: bool
 
     def slice_shape(self) -> tuple[int, int]:
         """Grid points of the distance slice along its two in-plane axes."""
@@ -227,7 +263,7 @@ def _descriptor(spec: ParamSpec):
     from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
 
     d = ParameterDescriptor(description=spec.description, additional_constraints=spec.constraint,
-                            read_only=True)
+                            read_only=not spec.dynamic)
     if spec.int_range is not None:
         d.integer_range = [IntegerRange(from_value=spec.int_range[0], to_value=spec.int_range[1],
                                         step=1)]
@@ -237,10 +273,11 @@ def _descriptor(spec: ParamSpec):
     return d
 
 
-def declare_and_validate(node) -> ServerConfig:
-    """Declare every parameter on ``node`` (an rclpy Node) and return the validated config.
+def declare(node) -> dict[str, Any]:
+    """Declare every parameter on ``node`` (an rclpy Node); return name -> value.
 
-    Raises ConfigError for a wrong type, a value outside its declared range or a failed check.
+    Raises ConfigError for a wrong type or a value outside its declared range (listing the
+    failed checks of the other values too).
     """
     from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
 
@@ -258,4 +295,24 @@ def declare_and_validate(node) -> ServerConfig:
         values[spec.name] = param.value
     if errors:  # report the remaining bad values too, not only the undeclarable ones
         raise ConfigError("; ".join(errors + _value_errors(values)))
+    return values
+
+
+def declare_and_validate(node) -> ServerConfig:
+    """Declare every parameter on ``node`` (an rclpy Node) and return the validated config.
+
+    Raises ConfigError for a wrong type, a value outside its declared range or a failed check.
+    """
+    return validate_values(declare(node))
+
+
+def current_values(node) -> dict[str, Any]:
+    """name -> value of every (declared) parameter of PARAMETERS on ``node``."""
+    return {name: node.get_parameter(name).value for name in PARAMETER_NAMES}
+
+
+def with_changes(config: ServerConfig, changes: dict[str, Any]) -> ServerConfig:
+    """The validated config after setting ``changes`` (name -> value); raises ConfigError."""
+    values = {f.name: getattr(config, f.name) for f in fields(ServerConfig)}
+    values.update(changes)
     return validate_values(values)

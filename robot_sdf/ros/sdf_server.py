@@ -8,18 +8,30 @@ Topics and services (relative to the node, ``~/`` = ``/sdf_server/``):
   (pose inputs are best effort, depth 10: the latest pose wins, and best effort matches reliable
   and best-effort publishers alike);
 - serves ``~/evaluate_sphere_cost``, ``~/evaluate_swept_sphere_cost``, ``~/query_signed_distance``;
-- publishes ``~/markers`` (MarkerArray), ``~/distance_slice`` (PointCloud2 x,y,z,distance, only
-  while subscribed) and ``/diagnostics``.
+- publishes ``~/markers`` (MarkerArray; reliable, transient_local, depth MARKER_HISTORY: a viewer
+  started later receives the latest full scene and the changes after it), ``~/distance_slice``
+  (PointCloud2 x,y,z,distance, computed only while subscribed) and ``/diagnostics`` (OK, or
+  WARN/ERROR with the recent problems, see robot_sdf.ros.health).
 
 Input policy: every message is checked before the world changes; a bad one is logged with its
-reason and dropped whole. Poses must carry ``header.frame_id == world_frame`` (no tf lookups);
-quaternions within 1e-3 of unit length are renormalised, anything else (zero, NaN) is rejected by
-the world's validation. Threads: mesh and pose updates (a mesh may build a BVH) are served by a
+reason and dropped whole. A pose in a frame other than world_frame is transformed into it at the
+message stamp (robot_sdf.ros.frames: tf2, or the static_transforms parameter without tf2_ros); a
+frame that cannot be resolved within tf_timeout rejects the message. REMOVE, ENABLE and DISABLE
+carry no pose, so their frame is not used. Quaternions within 1e-3 of unit length are
+renormalised, anything else (zero, NaN) is rejected. Threads: mesh and pose updates (a mesh may build a BVH) are served by a
 companion node ``<name>_world_updates`` with its own executor thread, in two callback groups, so
 busy services never delay them; service requests run in a reentrant group (concurrent requests
 run in parallel) and the periodic publishers in another, on a MultiThreadedExecutor. MeshWorld
 serialises its writers and publishes immutable snapshots, so a request reads one consistent world
 state (its revision is returned) and is never queued behind a BVH build.
+
+Parameters: the ``dynamic`` ones of robot_sdf.ros.parameters (cost defaults, marker, slice,
+diagnostics and tf settings) may be set at run time; a change is validated as a whole and then
+applied (timers and the slice grid are rebuilt as needed); the others are read-only.
+Life cycle: ``configure_server`` (world, scene, warm-up), ``activate_server`` (subscriptions,
+tf, publishers, timers, services), ``deactivate_server``, ``cleanup_server``. SdfServer runs the
+first two in its constructor; robot_sdf.ros.lifecycle.ManagedSdfServer runs each on its
+lifecycle transition.
 """
 from __future__ import annotations
 
@@ -39,14 +51,19 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallb
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rcl_interfaces.msg import SetParametersResult
 from sensor_msgs.msg import PointCloud2
 from std_msgs.msg import Header
 from visualization_msgs.msg import MarkerArray
 
 from robot_sdf import MeshWorld
 from robot_sdf.ros import conversions as conv
+from robot_sdf.ros.frames import (FrameResolver, StaticTransforms, Tf2Buffer, parse_static_transforms, stamp_to_ns,
+                                  tf2_available)
+from robot_sdf.ros.health import HealthMonitor
 from robot_sdf.ros.markers import MarkerState
-from robot_sdf.ros.parameters import ConfigError, ServerConfig, declare_and_validate
+from robot_sdf.ros.parameters import (DYNAMIC_PARAMETERS, PARAMETER_NAMES, ConfigError, ServerConfig, current_values,
+                                      declare, validate_values, with_changes)
 from robot_sdf_interfaces.msg import MeshObstacle, ObstaclePose
 from robot_sdf_interfaces.srv import EvaluateSphereCost, EvaluateSweptSphereCost, QuerySignedDistance
 
@@ -57,6 +74,16 @@ MESH_QOS = conv.MESH_OBSTACLE_QOS
 POSE_QOS = QoSProfile(depth=10, history=HistoryPolicy.KEEP_LAST,
                       reliability=ReliabilityPolicy.BEST_EFFORT,
                       durability=DurabilityPolicy.VOLATILE)
+# ~/markers keeps its last MARKER_HISTORY messages for late subscribers (rviz started after the
+# node: its MarkerArray display must ask for transient_local, as config/robot_sdf.rviz does), and
+# at least every MARKER_HISTORY-th message is a full update, so that history always holds a full
+# scene followed by the changes since.
+MARKER_HISTORY = 10
+MARKER_QOS = QoSProfile(depth=MARKER_HISTORY, history=HistoryPolicy.KEEP_LAST,
+                        reliability=ReliabilityPolicy.RELIABLE,
+                        durability=DurabilityPolicy.TRANSIENT_LOCAL)
+# run-time parameter -> the periodic publisher whose timer it sets
+_RATE_PARAMETERS = {"marker_rate_hz": "markers", "slice_rate_hz": "slice", "diagnostics_rate_hz": "diagnostics"}
 
 
 class RequestError(ValueError):
@@ -144,20 +171,54 @@ class SdfServer(Node):
 
     def __init__(self, **node_kwargs: Any) -> None:
         super().__init__(NODE_NAME, **node_kwargs)
-        self.config = declare_and_validate(self)
-        cfg = self.config
+        self._init_parameters()
+        self.configure_server()
         try:
-            self.world = MeshWorld(device=cfg.device, num_envs=cfg.num_envs,
-                                   mesh_capacity=cfg.mesh_capacity, sign_method=cfg.sign_method,
-                                   max_distance=cfg.max_distance)
+            self.activate_server()
+        except BaseException:
+            self.destroy_node()
+            raise
+
+    # ------------------------------------------------------------------ life cycle
+
+    def _init_parameters(self) -> None:
+        """Declare the parameters (ConfigError for wrong types) and install the run-time change
+        callbacks. Nothing else exists yet: configure_server() builds the rest."""
+        declare(self)
+        self.config: ServerConfig | None = None
+        self.world: MeshWorld | None = None
+        self._frames: FrameResolver | None = None
+        self._tf: Tf2Buffer | None = None
+        self._tf_notice_logged = False
+        self._active = False
+        self._server_timers: dict[str, Any] = {}
+        self._server_services: list = []
+        self._updates_executor = None
+        self.add_on_set_parameters_callback(self._on_set_parameters)
+        self.add_post_set_parameters_callback(self._after_set_parameters)
+
+    def configure_server(self) -> None:
+        """Validate the parameters, build the world on its device, load the scene and warm the
+        kernels up. Raises ConfigError (and leaves the node unconfigured) when any of it fails."""
+        cfg = validate_values(current_values(self))
+        try:
+            world = MeshWorld(device=cfg.device, num_envs=cfg.num_envs,
+                              mesh_capacity=cfg.mesh_capacity, sign_method=cfg.sign_method,
+                              max_distance=cfg.max_distance)
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(f"cannot create the mesh world on device '{cfg.device}': {exc}") from exc
-        pose_topics = self._load_scene(cfg.scene_file)
+        self.config, self.world = cfg, world
+        try:
+            self._pose_topics = self._load_scene(cfg.scene_file)
+        except ConfigError:
+            self.cleanup_server()
+            raise
         # Counted now: once the update thread runs, topic meshes (transient_local) may join in.
         self._scene_count, self._scene_revision = self.world.mesh_count(), self.world.revision
         self._warm_up()
 
         self._stats = RequestStats()
+        self._health = HealthMonitor(cfg.diagnostics_window_s, cfg.slow_request_ms / 1e3)
         self._rejected = 0
         self._reject_log: dict[tuple[str, str], tuple[float, int]] = {}
         self._count_lock = threading.Lock()
@@ -166,35 +227,132 @@ class SdfServer(Node):
         self._request_seq = 0
         self._markers = MarkerState(self.world, cfg.num_envs, cfg.world_frame, self.last_request,
                                     max_triangles=cfg.marker_max_triangles)
+        self._frames = FrameResolver(cfg.world_frame, None, cfg.tf_timeout, cfg.tf_use_latest)
 
-        self._start_world_updates(pose_topics)
-        try:
-            self._create_outputs_and_services()
-        except BaseException:
-            self.destroy_node()
-            raise
+    def activate_server(self) -> None:
+        """Open the transform lookup, the update subscriptions, publishers, timers and services."""
+        self._frames.buffer = self._open_transforms()
+        self._start_world_updates(self._pose_topics)
+        self._create_outputs_and_services()
+        self._active = True
+
+    def deactivate_server(self) -> None:
+        """Close services, timers, publishers, update subscriptions and tf; the world stays."""
+        self._active = False
+        for service in self._server_services:
+            self.destroy_service(service)
+        self._server_services = []
+        for timer in self._server_timers.values():
+            self.destroy_timer(timer)
+        self._server_timers = {}
+        for pub in (self._markers_pub, self._slice_pub, self._diag_pub):
+            self.destroy_publisher(pub)
+        self._stop_world_updates()
+        self._close_transforms()
+        self.get_logger().info("inactive: services, topics and tf closed; the world is kept")
+
+    def cleanup_server(self) -> None:
+        """Release the world (its device memory goes with the last reference)."""
+        self.world = None
+        self._markers = None
+        self._frames = None
+        self.config = None
+
+    def _open_transforms(self):
+        """The transform buffer for incoming messages: tf2 (with static_transforms inserted) where
+        tf2_ros is installed, else the static_transforms alone (None when there are none)."""
+        static = parse_static_transforms(self.config.static_transforms)
+        if tf2_available():
+            self._tf = Tf2Buffer(self.get_name(), self.get_namespace(), self.context, static)
+            return self._tf
+        if not self._tf_notice_logged:
+            self._tf_notice_logged = True
+            frames = sorted(StaticTransforms(static).frames() - {self.config.world_frame})
+            self.get_logger().info(
+                f"tf2_ros is not installed (pip-wheel setup): messages are accepted in world_frame "
+                f"'{self.config.world_frame}' and in the frames of static_transforms only "
+                f"({', '.join(frames) or 'none'})")
+        return StaticTransforms(static) if static else None
+
+    def _close_transforms(self) -> None:
+        if self._tf is not None:
+            self._tf.close()
+            self._tf = None
+        if self._frames is not None:
+            self._frames.buffer = None
+
+    # ------------------------------------------------------------------ parameters at run time
+
+    def _on_set_parameters(self, params) -> SetParametersResult:
+        """Accept a change of dynamic parameters only if the whole configuration stays valid."""
+        changes = {p.name: p.value for p in params if p.name in PARAMETER_NAMES}
+        fixed = sorted(n for n in changes if n not in DYNAMIC_PARAMETERS)
+        if fixed:  # rclpy refuses read-only parameters itself; this keeps the rule in one place
+            return SetParametersResult(successful=False, reason=f"read-only parameter(s): {', '.join(fixed)}")
+        if changes:
+            try:
+                values = current_values(self)
+                values.update(changes)
+                validate_values(values)
+            except ConfigError as exc:
+                return SetParametersResult(successful=False, reason=str(exc))
+        return SetParametersResult(successful=True)
+
+    def _after_set_parameters(self, params) -> None:
+        changes = {p.name: p.value for p in params if p.name in DYNAMIC_PARAMETERS}
+        if not changes or self.config is None:
+            return  # an unconfigured node reads every value in configure_server()
+        self._apply_config(with_changes(self.config, changes), set(changes))
+        self.get_logger().info("parameters set: " + ", ".join(f"{k}={v!r}" for k, v in sorted(changes.items())))
+
+    def _apply_config(self, new: ServerConfig, changed: set[str]) -> None:
+        """Switch to ``new`` (validated): requests read self.config, so one assignment applies the
+        cost defaults; the rest is rebuilt only where it changed."""
+        self.config = new
+        self._frames.timeout_s, self._frames.use_latest = new.tf_timeout, new.tf_use_latest
+        self._health.window_s, self._health.slow_request_s = new.diagnostics_window_s, new.slow_request_ms / 1e3
+        if any(name.startswith("slice_") for name in changed):
+            self._slice_points = _slice_grid(new) if new.slice_rate_hz > 0 else None
+        if "marker_max_triangles" in changed:
+            self._markers.redraw(new.marker_max_triangles)
+        if self._active:
+            for name in changed & _RATE_PARAMETERS.keys():
+                self._restart_timer(_RATE_PARAMETERS[name])
+
+    def _restart_timer(self, kind: str) -> None:
+        """(Re)create the timer of one periodic publisher at its configured rate (none at rate 0)."""
+        rate, callback = {"markers": (self.config.marker_rate_hz, self._publish_markers),
+                          "slice": (self.config.slice_rate_hz, self._publish_slice),
+                          "diagnostics": (self.config.diagnostics_rate_hz, self._publish_diagnostics)}[kind]
+        old = self._server_timers.pop(kind, None)
+        if old is not None:
+            self.destroy_timer(old)
+        if rate > 0:
+            self._server_timers[kind] = self.create_timer(1.0 / rate, callback, callback_group=self._timer_group)
 
     def _create_outputs_and_services(self) -> None:
         cfg = self.config
         query_group = ReentrantCallbackGroup()
-        timer_group = MutuallyExclusiveCallbackGroup()
+        self._timer_group = MutuallyExclusiveCallbackGroup()
 
-        self._markers_pub = self.create_publisher(MarkerArray, "~/markers", 10)
+        self._markers_pub = self.create_publisher(MarkerArray, "~/markers", MARKER_QOS)
         self._slice_pub = self.create_publisher(PointCloud2, "~/distance_slice", 10)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self._slice_points = _slice_grid(cfg) if cfg.slice_rate_hz > 0 else None
-        for rate, callback in ((cfg.marker_rate_hz, self._publish_markers),
-                               (cfg.slice_rate_hz, self._publish_slice),
-                               (cfg.diagnostics_rate_hz, self._publish_diagnostics)):
-            if rate > 0:
-                self.create_timer(1.0 / rate, callback, callback_group=timer_group)
+        # a new publisher has an empty history: its first marker update is a full one
+        self._markers.redraw()
+        self._marker_updates_since_full = MARKER_HISTORY - 1
+        for kind in ("markers", "slice", "diagnostics"):
+            self._restart_timer(kind)
 
-        self.create_service(EvaluateSphereCost, "~/evaluate_sphere_cost", self._on_sphere_cost,
-                            callback_group=query_group)
-        self.create_service(EvaluateSweptSphereCost, "~/evaluate_swept_sphere_cost",
-                            self._on_swept_sphere_cost, callback_group=query_group)
-        self.create_service(QuerySignedDistance, "~/query_signed_distance",
-                            self._on_query_signed_distance, callback_group=query_group)
+        self._server_services = [
+            self.create_service(EvaluateSphereCost, "~/evaluate_sphere_cost", self._on_sphere_cost,
+                                callback_group=query_group),
+            self.create_service(EvaluateSweptSphereCost, "~/evaluate_swept_sphere_cost",
+                                self._on_swept_sphere_cost, callback_group=query_group),
+            self.create_service(QuerySignedDistance, "~/query_signed_distance",
+                                self._on_query_signed_distance, callback_group=query_group),
+        ]
         self.get_logger().info(
             f"ready: device={self.world.device}, sign_method={cfg.sign_method}, "
             f"num_envs={cfg.num_envs}, world_frame='{cfg.world_frame}', "
@@ -241,13 +399,18 @@ class SdfServer(Node):
         except (ExternalShutdownException, KeyboardInterrupt):
             pass
 
-    def destroy_node(self) -> None:
+    def _stop_world_updates(self) -> None:
         updates = getattr(self, "_updates_executor", None)
         if updates is not None:
             updates.shutdown(timeout_sec=2.0)
             self._updates_thread.join(timeout=5.0)
             self._updates_node.destroy_node()
             self._updates_executor = None
+
+    def destroy_node(self) -> None:
+        self._stop_world_updates()
+        if getattr(self, "_tf", None) is not None:
+            self._close_transforms()
         super().destroy_node()
 
     def _load_scene(self, path: str) -> dict[str, list[tuple[str, int]]]:
@@ -282,9 +445,14 @@ class SdfServer(Node):
 
     # ------------------------------------------------------------------ world updates
 
-    def _reject(self, what: str, why: str) -> None:
+    def _reject(self, what: str, why: str, internal: bool = False) -> None:
         """Count and log a rejected input; the same rejection repeated within a second (a pose
-        stream for a removed obstacle, say) is logged once, with the number left out."""
+        stream for a removed obstacle, say) is logged once, with the number left out. ``internal``:
+        the input failed on an internal error (an ERROR in the diagnostics, not a WARN)."""
+        if internal:
+            self._health.internal_error(what, why)
+        else:
+            self._health.rejected(what, why)
         now = time.monotonic()
         key = (what, why)
         with self._count_lock:
@@ -306,16 +474,18 @@ class SdfServer(Node):
         except _REFUSED as exc:
             self._reject(what, _reason(exc))
         except Exception as exc:  # noqa: BLE001 - a topic callback must not kill the node
-            self._reject(what, f"internal error {type(exc).__name__}: {exc}")
+            self._reject(what, f"internal error {type(exc).__name__}: {exc}", internal=True)
         else:
             if done:
                 self.get_logger().info(f"{what}: {done}")
 
-    def _check_frame(self, frame_id: str) -> None:
-        # Ids, envs, geometry and poses are checked by MeshWorld itself; frames are ROS-only.
-        if frame_id != self.config.world_frame:
-            raise RejectedInput(f"header.frame_id '{frame_id}' is not the world frame "
-                                f"'{self.config.world_frame}'")
+    def _pose_in_world(self, header: Header, pose) -> np.ndarray:
+        """Pose (7,) of a message given in header.frame_id at header.stamp, in world_frame.
+
+        Raises FrameError (a ValueError) when the frame cannot be resolved within tf_timeout, so
+        the message is rejected whole; ids, envs and geometry are checked by MeshWorld itself.
+        """
+        return self._frames.pose_in_world(header.frame_id, stamp_to_ns(header.stamp), conv.pose_to_array(pose))
 
     def _on_mesh_obstacle(self, msg: MeshObstacle) -> None:
         op = conv.OPERATION_NAMES.get(msg.operation)
@@ -326,19 +496,18 @@ class SdfServer(Node):
         if op is None:
             raise RejectedInput(f"unknown operation {msg.operation} (expected 0..4: "
                                 f"{', '.join(conv.OPERATION_NAMES.values())})")
-        self._check_frame(msg.header.frame_id)
         world, env = self.world, int(msg.env)
         if op == "ADD":
+            pose = self._pose_in_world(msg.header, msg.pose)
             vertices, triangles = conv.mesh_arrays(msg)
             # ADD replaces geometry and pose (design.md 5); a DISABLEd id stays disabled.
             enabled = world.mesh_geometry(msg.id, env)[3] if world.has_mesh(msg.id, env) else True
-            rev = world.add_mesh(msg.id, vertices, triangles, pose=conv.pose_to_array(msg.pose), env=env,
-                                 enabled=enabled)
+            rev = world.add_mesh(msg.id, vertices, triangles, pose=pose, env=env, enabled=enabled)
             return f"{vertices.size // 3} vertices, {triangles.size // 3} triangles -> revision {rev}"
         if op == "REMOVE":
             rev = world.remove_mesh(msg.id, env=env)
         elif op == "MOVE":
-            world.set_pose(msg.id, conv.pose_to_array(msg.pose), env=env)
+            world.set_pose(msg.id, self._pose_in_world(msg.header, msg.pose), env=env)
             return ""  # poses may stream at high rate: not logged
         else:
             rev = world.set_enabled(msg.id, op == "ENABLE", env=env)
@@ -346,8 +515,7 @@ class SdfServer(Node):
 
     def _on_obstacle_pose(self, msg: ObstaclePose) -> None:
         def apply() -> str:
-            self._check_frame(msg.header.frame_id)
-            self.world.set_pose(msg.id, conv.pose_to_array(msg.pose), env=int(msg.env))
+            self.world.set_pose(msg.id, self._pose_in_world(msg.header, msg.pose), env=int(msg.env))
             return ""
 
         self._guarded(f"ObstaclePose '{msg.id}' env {msg.env}", apply)
@@ -355,8 +523,7 @@ class SdfServer(Node):
     def _pose_topic_callback(self, topic: str, targets: list[tuple[str, int]]):
         def callback(msg: PoseStamped) -> None:
             def apply() -> str:
-                self._check_frame(msg.header.frame_id)
-                pose = conv.pose_to_array(msg.pose)
+                pose = self._pose_in_world(msg.header, msg.pose)
                 # all targets or none: a scene obstacle may have been REMOVEd meanwhile
                 for obstacle_id, env in targets:
                     if not self.world.has_mesh(obstacle_id, env):
@@ -380,10 +547,16 @@ class SdfServer(Node):
         except _REFUSED as exc:  # RequestError is a ValueError
             self._fail(response, _reason(exc))
             self.get_logger().warning(f"{name}: rejected request: {_reason(exc)}")
+            self._health.request_failed(name, _reason(exc))
         except Exception as exc:  # noqa: BLE001 - a service callback must not kill the node
+            # not the caller's fault: a device error (CUDA out of memory, a failed launch) or a bug
             self._fail(response, f"internal error {type(exc).__name__}: {exc}")
             self.get_logger().error(f"{name}: internal error: {exc!r}")
-        self._stats.record(time.perf_counter() - t0, response.success)
+            self._health.internal_error(name, f"{type(exc).__name__}: {exc}")
+        latency = time.perf_counter() - t0
+        self._stats.record(latency, response.success)
+        if response.success:
+            self._health.request_done(name, latency)
         return response
 
     def _fail(self, response, message: str) -> None:
@@ -497,33 +670,41 @@ class SdfServer(Node):
 
     # ------------------------------------------------------------------ publishers
 
+    def _publisher_failed(self, what: str, exc: Exception) -> None:
+        self.get_logger().error(f"{what}: {exc!r}")
+        self._health.internal_error(what, f"{type(exc).__name__}: {exc}")
+
     def _publish_markers(self) -> None:
         try:
-            markers = self._markers.update(self._markers_pub.get_subscription_count())
+            full = self._marker_updates_since_full >= MARKER_HISTORY - 1
+            markers = self._markers.update(full=full)
             if markers:
                 stamp = self.get_clock().now().to_msg()
                 for m in markers:
                     m.header.stamp = stamp
                 self._markers_pub.publish(MarkerArray(markers=markers))
+                self._marker_updates_since_full = 0 if full else self._marker_updates_since_full + 1
         except Exception as exc:  # noqa: BLE001 - visualisation must never take the node down
-            self.get_logger().error(f"markers: {exc!r}")
+            self._publisher_failed("markers", exc)
 
     def _publish_slice(self) -> None:
-        if self._slice_pub.get_subscription_count() == 0:
-            return
+        points_np = self._slice_points
+        if points_np is None or self._slice_pub.get_subscription_count() == 0:
+            return  # on demand: computed only while someone subscribes
         try:
-            points = torch.from_numpy(self._slice_points).to(self.world.device)
+            cfg = self.config
+            points = torch.from_numpy(points_np).to(self.world.device)
             with torch.no_grad():
-                dist, _ = self.world.signed_distance(points, env=self.config.slice_env)
-            header = Header(frame_id=self.config.world_frame, stamp=self.get_clock().now().to_msg())
-            self._slice_pub.publish(conv.make_distance_cloud(
-                self._slice_points, dist.detach().cpu().numpy(), header))
+                dist, _ = self.world.signed_distance(points, env=cfg.slice_env)
+            header = Header(frame_id=cfg.world_frame, stamp=self.get_clock().now().to_msg())
+            self._slice_pub.publish(conv.make_distance_cloud(points_np, dist.detach().cpu().numpy(), header))
         except Exception as exc:  # noqa: BLE001
-            self.get_logger().error(f"distance slice: {exc!r}")
+            self._publisher_failed("distance slice", exc)
 
     def _publish_diagnostics(self) -> None:
         try:
             rate, p50, p95 = self._stats.report()
+            level, problems, recent = self._health.status()
             n_mesh = self.world.mesh_count()
             rev = self.world.revision
             values = {
@@ -532,10 +713,12 @@ class SdfServer(Node):
                 "requests_total": self._stats.total, "requests_failed": self._stats.failed,
                 "request_rate_hz": f"{rate:.3f}", "latency_p50_ms": f"{1e3 * p50:.3f}",
                 "latency_p95_ms": f"{1e3 * p95:.3f}", "rejected_messages": self._rejected,
+                "window_s": f"{self._health.window_s:g}",
+                **{f"recent_{kind}": n for kind, n in recent.items()},
             }
-            status = DiagnosticStatus(level=DiagnosticStatus.OK, name=f"{self.get_fully_qualified_name().lstrip('/')}: mesh world",
+            status = DiagnosticStatus(level=bytes([level]), name=f"{self.get_fully_qualified_name().lstrip('/')}: mesh world",
                                       hardware_id=str(self.world.device),
-                                      message=f"{n_mesh} meshes, revision {rev}",
+                                      message=problems or f"{n_mesh} meshes, revision {rev}",
                                       values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])
             msg = DiagnosticArray(status=[status])
             msg.header.stamp = self.get_clock().now().to_msg()
