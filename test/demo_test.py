@@ -297,7 +297,7 @@ def test_demo_says_clearly_when_ros_is_missing(tmp_path, monkeypatch, capsys, pa
 
 
 def test_rviz_config_shows_the_node_and_the_demo():
-    data = yaml.safe_load((REPO / "config" / "robot_sdf.rviz").read_text())
+    data = yaml.safe_load((REPO / "config" / "demo.rviz").read_text())
     manager = data["Visualization Manager"]
     assert manager["Global Options"]["Fixed Frame"] == "world"
     displays = {d["Topic"]["Value"]: d for d in manager["Displays"] if "Topic" in d}
