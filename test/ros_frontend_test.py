@@ -212,10 +212,12 @@ def test_rviz_config_names_only_topics_the_node_publishes(frontend):
         topic = d["Topic"]["Value"]
         assert topic in published, f"rviz shows {topic}, the node publishes {sorted(published)}"
         assert RVIZ_CLASSES[d["Class"]] in published[topic]
-        (info,) = node.get_publishers_info_by_topic(topic)
-        # a Transient Local display matches only a transient_local publisher
+        # a Transient Local display matches only a transient_local publisher (polled: discovery
+        # data may lag, and another test process may share the ROS domain)
         if d["Topic"]["Durability Policy"] == "Transient Local":
-            assert info.qos_profile.durability == DurabilityPolicy.TRANSIENT_LOCAL, topic
+            rh.wait_until(lambda: any(i.qos_profile.durability == DurabilityPolicy.TRANSIENT_LOCAL
+                                      for i in node.get_publishers_info_by_topic(topic)), 10.0,
+                          what=f"a transient_local publisher of {topic}")
         else:
             assert d["Topic"]["Durability Policy"] == "Volatile"
     markers = next(d for d in displays if d["Topic"]["Value"] == "/sdf_server/markers")
