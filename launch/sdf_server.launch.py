@@ -2,11 +2,14 @@
 
     ros2 launch robot_sdf sdf_server.launch.py
     ros2 launch robot_sdf sdf_server.launch.py config:=/path/to/params.yaml device:=cuda:0
+    ros2 launch robot_sdf sdf_server.launch.py managed:=true    # lifecycle node, left unconfigured
 
 Arguments:
     config     parameter file (default: share/robot_sdf/config/sdf_server.yaml)
     device     overrides the file's ``device`` parameter when not empty (auto, cpu, cuda, cuda:N)
     log_level  ROS log level of the node (default info)
+    managed    true: start the lifecycle variant (sdf_server_managed), which waits unconfigured for
+               a lifecycle manager (or `ros2 lifecycle set /sdf_server configure`, then `activate`)
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from launch_ros.actions import Node
 
 PACKAGE = "robot_sdf"
 EXECUTABLE = "sdf_server"
+MANAGED_EXECUTABLE = "sdf_server_managed"
 CONFIG_NAME = "sdf_server.yaml"
 
 
@@ -40,7 +44,9 @@ def _node(context, *args, **kwargs) -> list:
     device = LaunchConfiguration("device").perform(context).strip()
     if device:
         parameters.append({"device": device})
-    return [Node(package=PACKAGE, executable=EXECUTABLE, name=EXECUTABLE, output="screen",
+    managed = LaunchConfiguration("managed").perform(context).strip().lower() in ("true", "1", "yes")
+    return [Node(package=PACKAGE, executable=MANAGED_EXECUTABLE if managed else EXECUTABLE, name=EXECUTABLE,
+                 output="screen",
                  parameters=parameters,
                  ros_arguments=["--log-level", LaunchConfiguration("log_level").perform(context)])]
 
@@ -54,5 +60,7 @@ def generate_launch_description() -> LaunchDescription:
                                           "(empty = the config file's value)"),
         DeclareLaunchArgument("log_level", default_value="info",
                               description="log level of the node"),
+        DeclareLaunchArgument("managed", default_value="false",
+                              description="true: the lifecycle variant sdf_server_managed"),
         OpaqueFunction(function=_node),
     ])

@@ -75,6 +75,7 @@ def test_launch_file_static():
     # the executable it starts is setup.py's console script, pointing at the node's main()
     scripts = _console_scripts()
     assert scripts.get(consts["EXECUTABLE"]) == "robot_sdf.ros.sdf_server:main"
+    assert scripts.get(consts["MANAGED_EXECUTABLE"]) == "robot_sdf.ros.lifecycle:main"
     from robot_sdf.ros import sdf_server
 
     assert callable(sdf_server.main)
@@ -93,7 +94,7 @@ def test_launch_description_builds():  # pragma: no cover - needs a ROS install
     args = {a.name: a for a in description.entities if isinstance(a, DeclareLaunchArgument)}
     assert {"config", "device"} <= set(args)
     context = LaunchContext()
-    context.launch_configurations.update(config=str(CONFIG_FILE), device="cpu", log_level="info")
+    context.launch_configurations.update(config=str(CONFIG_FILE), device="cpu", log_level="info", managed="false")
     (node,) = module._node(context)
     assert node.node_executable == "sdf_server" and node.node_package == "robot_sdf"
 
@@ -129,17 +130,20 @@ def test_launch_logic_with_stand_in_modules(monkeypatch):
     spec.loader.exec_module(module)
     (entities,) = module.generate_launch_description().args
     args = {e.args[0]: e.kwargs for e in entities if "default_value" in e.kwargs}
-    assert set(args) == {"config", "device", "log_level"}
+    assert set(args) == {"config", "device", "log_level", "managed"}
     from pathlib import Path
 
     assert Path(args["config"]["default_value"]).resolve() == CONFIG_FILE.resolve()
     assert args["device"]["default_value"] == ""
     opaque = entities[-1].kwargs["function"]
+    assert args["managed"]["default_value"] == "false"
     for device, expected in (("", [str(CONFIG_FILE)]), ("cuda:1", [str(CONFIG_FILE), {"device": "cuda:1"}])):
-        (node,) = opaque({"config": str(CONFIG_FILE), "device": device, "log_level": "warn"})
+        (node,) = opaque({"config": str(CONFIG_FILE), "device": device, "log_level": "warn", "managed": "false"})
         assert node.kwargs["package"] == "robot_sdf" and node.kwargs["executable"] == "sdf_server"
         assert node.kwargs["parameters"] == expected
         assert node.kwargs["ros_arguments"] == ["--log-level", "warn"]
+    (node,) = opaque({"config": str(CONFIG_FILE), "device": "", "log_level": "info", "managed": "true"})
+    assert node.kwargs["executable"] == "sdf_server_managed" and node.kwargs["name"] == "sdf_server"
 
 
 def _config() -> dict:

@@ -1,8 +1,8 @@
 """package.xml declares exactly the dependencies the code imports.
 
 Every non-standard-library module imported by robot_sdf/ and launch/ (optional imports
-included: they are used where installed) maps to a rosdep key: ROS packages by their own name,
-Python libraries by the key below. torch and warp have no usable rosdep key: they are pip
+included: they are used where installed) maps to a rosdep key: ROS packages by their own name
+(tf2_ros is the module of package tf2_ros_py), Python libraries by the key below. torch and warp have no usable rosdep key: they are pip
 dependencies, pinned in requirements.txt and named in a package.xml comment.
 """
 from __future__ import annotations
@@ -17,6 +17,8 @@ import ros_helpers as rh
 # Python libraries -> rosdep keys (see the comments in package.xml).
 PYTHON_KEYS = {"numpy": "python3-numpy", "yaml": "python3-yaml", "trimesh": "python3-trimesh-pip",
                "matplotlib": "python3-matplotlib"}
+# ROS modules whose package has another name.
+ROS_MODULE_KEYS = {"tf2_ros": "tf2_ros_py"}
 # pip-only dependencies -> their pip names in requirements.txt.
 PIP_ONLY = {"torch": "torch", "warp": "warp-lang"}
 SOURCES = [*sorted((rh.REPO / "robot_sdf").rglob("*.py")), *sorted((rh.REPO / "launch").glob("*.py"))]
@@ -42,7 +44,7 @@ def required_keys() -> set[str]:
     for module in imported_top_level_modules():
         if module in sys.stdlib_module_names or module == "robot_sdf" or module in PIP_ONLY:
             continue
-        keys.add(PYTHON_KEYS.get(module, module))
+        keys.add(PYTHON_KEYS.get(module) or ROS_MODULE_KEYS.get(module, module))
     return keys
 
 
