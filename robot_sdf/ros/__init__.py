@@ -6,7 +6,9 @@ Importing this package does not import rclpy; the submodules do:
 - ``robot_sdf.ros.conversions``: numpy <-> message conversions, publisher helpers
   (``make_mesh_obstacle``, ``make_obstacle_pose``) and the distance-slice point cloud.
 - ``robot_sdf.ros.markers``: rviz markers of meshes and request spheres.
+- ``robot_sdf.ros.frames``: poses of incoming messages into world_frame (tf2 or static transforms).
+- ``robot_sdf.ros.health``: recent problems -> diagnostics level and message.
 - ``robot_sdf.ros.sdf_server``: the node (console script ``sdf_server``).
-
-The MPC-side client lives in ``robot_sdf.ros.client``.
+- ``robot_sdf.ros.lifecycle``: its managed variant (console script ``sdf_server_managed``).
+- ``robot_sdf.ros.client``: the MPC-side client of the node's services.
 """
