@@ -129,16 +129,29 @@ def test_transitions_over_lifecycle_services(tmp_path):
     assert code == 0, node.proc.log()
 
 
-def test_failed_configure_stays_unconfigured_with_the_reason(tmp_path):
-    node = Managed(tmp_path, dict(device="cpu", scene_file=str(tmp_path / "missing.yaml")))
+def test_failed_configure_stays_unconfigured_with_the_reason(tmp_path, capfd):
+    """In-process (the transition machinery is rclpy's; the services were exercised above)."""
+    import rclpy
+    from rclpy.lifecycle import TransitionCallbackReturn
+
+    from robot_sdf.ros.lifecycle import ManagedSdfServer
+
+    ctx = rclpy.Context()
+    rclpy.init(args=["--ros-args", "-p", "device:=cpu", "-p", f"scene_file:={tmp_path / 'missing.yaml'}"],
+               context=ctx, domain_id=DOMAIN)
     try:
-        assert not node.transition(Transition.TRANSITION_CONFIGURE)
-        assert node.state() == State.PRIMARY_STATE_UNCONFIGURED
-        assert "configure failed: cannot load scene_file" in node.proc.log()
-        assert not node.sd.wait_for_service(timeout_sec=0.5)
+        node = ManagedSdfServer(context=ctx)
+        try:
+            assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+            assert node._state_machine.current_state[0] == State.PRIMARY_STATE_UNCONFIGURED
+            assert node.world is None and node.config is None
+            assert "configure failed: cannot load scene_file" in capfd.readouterr().err
+            assert not any(name.endswith("query_signed_distance") for name, _ in
+                           node.get_service_names_and_types_by_node("sdf_server", "/"))
+        finally:
+            node.destroy_node()
     finally:
-        code = node.close()
-    assert code == 0, node.proc.log()
+        rclpy.try_shutdown(context=ctx)
 
 
 @pytest.mark.parametrize("executable", ["sdf_server", "sdf_server_managed"])
