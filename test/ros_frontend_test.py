@@ -238,6 +238,9 @@ def _replay(arrays: list[MarkerArray]) -> dict[tuple[str, int], Marker]:
 
 
 def test_a_viewer_started_later_receives_the_whole_scene(frontend):
+    """An rviz restart while another viewer runs: the newcomer gets the topic history only."""
+    first_viewer = frontend.harness.subscribe(MarkerArray, "/sdf_server/markers", rh.MARKER_QOS)
+    rh.wait_until(lambda: first_viewer.snapshot(), 10.0, what="the first viewer's markers")
     v, t = ref.box(BOX)
     frontend.publish_until_applied(frontend.mesh_pub, make_mesh_obstacle("late_a", v, t, [0.0, 6.0, 0.5, 1, 0, 0, 0]))
     frontend.publish_until_applied(frontend.mesh_pub, make_mesh_obstacle("late_b", v, t, [1.0, 6.0, 0.5, 1, 0, 0, 0]))
@@ -255,6 +258,8 @@ def test_a_viewer_started_later_receives_the_whole_scene(frontend):
     received = viewer.snapshot()
     assert 1 <= len(received) <= 10
     shown = {m.text: m for m in _replay(received).values() if m.type == Marker.TRIANGLE_LIST}
+    first = {m.text: m for m in _replay(first_viewer.snapshot()).values() if m.type == Marker.TRIANGLE_LIST}
+    assert set(first) == set(shown)  # both viewers show the same scene
     world_ids = {"tracked", "cam_box", "fixed_box", "late_a"}
     assert world_ids <= set(shown) and "late_b" not in shown and "lidar_box" not in shown
     assert shown["late_a"].pose.position.y == pytest.approx(6.15)

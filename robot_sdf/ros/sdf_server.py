@@ -9,7 +9,8 @@ Topics and services (relative to the node, ``~/`` = ``/sdf_server/``):
   and best-effort publishers alike);
 - serves ``~/evaluate_sphere_cost``, ``~/evaluate_swept_sphere_cost``, ``~/query_signed_distance``;
 - publishes ``~/markers`` (MarkerArray; reliable, transient_local, depth MARKER_HISTORY: a viewer
-  started later receives the latest full scene and the changes after it), ``~/distance_slice``
+  started later receives the latest full scene and the changes after it; not built while nobody
+  subscribes), ``~/distance_slice``
   (PointCloud2 x,y,z,distance, computed only while subscribed) and ``/diagnostics`` (OK, or
   WARN/ERROR with the recent problems, see robot_sdf.ros.health).
 
@@ -342,6 +343,7 @@ class SdfServer(Node):
         # a new publisher has an empty history: its first marker update is a full one
         self._markers.redraw()
         self._marker_updates_since_full = MARKER_HISTORY - 1
+        self._markers_stale = False
         for kind in ("markers", "slice", "diagnostics"):
             self._restart_timer(kind)
 
@@ -675,9 +677,17 @@ class SdfServer(Node):
         self._health.internal_error(what, f"{type(exc).__name__}: {exc}")
 
     def _publish_markers(self) -> None:
+        if self._markers_pub.get_subscription_count() == 0:
+            # Nobody watches: skip the work (a 20k-triangle marker takes ~100 ms to build and
+            # send). A viewer that subscribes meanwhile first gets the older history, then, at the
+            # next tick, a full update; viewers that stay subscribed (an rviz restart while another
+            # one runs, say) rely on the history alone.
+            self._markers_stale = True
+            return
         try:
-            full = self._marker_updates_since_full >= MARKER_HISTORY - 1
+            full = self._markers_stale or self._marker_updates_since_full >= MARKER_HISTORY - 1
             markers = self._markers.update(full=full)
+            self._markers_stale = False  # [] means nothing changed since the last message sent
             if markers:
                 stamp = self.get_clock().now().to_msg()
                 for m in markers:
