@@ -17,6 +17,7 @@ from geometry_msgs.msg import PoseStamped
 from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
 from rclpy.qos import DurabilityPolicy
+from sensor_msgs.msg import PointCloud2
 from visualization_msgs.msg import Marker, MarkerArray
 
 import reference as ref
@@ -326,3 +327,19 @@ def test_run_time_parameters(frontend):
     assert not ok
     assert _cost(frontend, 0.0) == pytest.approx(0.075, abs=1e-4)  # refused changes changed nothing
     assert "parameters set: weight=3.0" in frontend.node.log()
+
+
+def test_slice_settings_change_at_run_time(frontend):
+    """The distance slice is on demand (a subscriber) and follows slice_* parameters set at run time."""
+    clouds = frontend.harness.subscribe(PointCloud2, "/sdf_server/distance_slice")
+
+    def z_values(msg):
+        raw = np.frombuffer(bytes(msg.data), np.uint8).reshape(msg.width * msg.height, msg.point_step)
+        z = next(f for f in msg.fields if f.name == "z")
+        return raw[:, z.offset:z.offset + 4].copy().view(np.float32)
+
+    clouds.wait_for(lambda m: np.allclose(z_values(m), 0.0), 10.0)
+    assert frontend.set_parameter("slice_offset", 0.7) == (True, "")
+    assert frontend.set_parameter("slice_resolution", 0.5) == (True, "")
+    msg = clouds.wait_for(lambda m: np.allclose(z_values(m), 0.7) and m.width == 25, 10.0)  # 2 m / 0.5 m + 1 = 5 per side
+    assert msg.header.frame_id == "world"
