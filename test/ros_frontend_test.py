@@ -343,3 +343,35 @@ def test_slice_settings_change_at_run_time(frontend):
     assert frontend.set_parameter("slice_resolution", 0.5) == (True, "")
     msg = clouds.wait_for(lambda m: np.allclose(z_values(m), 0.7) and m.width == 25, 10.0)  # 2 m / 0.5 m + 1 = 5 per side
     assert msg.header.frame_id == "world"
+
+
+def test_scene_file_in_a_static_frame(tmp_path):
+    """A scene declared in 'camera' is placed through static_transforms at start (in-process node)."""
+    import rclpy
+
+    from robot_sdf.ros.parameters import ConfigError
+    from robot_sdf.ros.sdf_server import SdfServer
+
+    pose_in_camera = np.array([0.2, -0.1, 1.5, 1.0, 0.0, 0.0, 0.0])
+    scene = tmp_path / "scene.yaml"
+    scene.write_text(yaml.safe_dump({"frame": "camera", "obstacles": [
+        {"id": "seen", "primitive": {"type": "box", "size": list(BOX)}, "pose": pose_in_camera.tolist()}]}))
+    transforms = "; ".join([transform_entry("world", "map", MAP_IN_WORLD), transform_entry("map", "camera", CAMERA_IN_MAP)])
+    for static, error in ((transforms, None), ("world map 0 0 0 1 0 0 0", "frame 'camera' is not world_frame")):
+        ctx = rclpy.Context()
+        rclpy.init(args=["--ros-args", "-p", "device:=cpu", "-p", f"scene_file:={scene}", "-p",
+                         f"static_transforms:={static}", "-p", "marker_rate_hz:=0.0", "-p", "slice_rate_hz:=0.0",
+                         "-p", "diagnostics_rate_hz:=0.0"], context=ctx, domain_id=DOMAIN)
+        try:
+            if error:
+                with pytest.raises(ConfigError, match=error):
+                    SdfServer(context=ctx)
+                continue
+            node = SdfServer(context=ctx)
+            try:
+                expected = matrix(MAP_IN_WORLD) @ matrix(CAMERA_IN_MAP) @ matrix(pose_in_camera)
+                np.testing.assert_allclose(matrix(node.world.mesh_geometry("seen")[2]), expected, atol=1e-9)
+            finally:
+                node.destroy_node()
+        finally:
+            rclpy.try_shutdown(context=ctx)

@@ -59,8 +59,8 @@ from visualization_msgs.msg import MarkerArray
 
 from robot_sdf import MeshWorld
 from robot_sdf.ros import conversions as conv
-from robot_sdf.ros.frames import (FrameResolver, StaticTransforms, Tf2Buffer, parse_static_transforms, stamp_to_ns,
-                                  tf2_available)
+from robot_sdf.ros.frames import (FrameResolver, LookupFailed, StaticTransforms, Tf2Buffer, compose,
+                                  parse_static_transforms, stamp_to_ns, tf2_available)
 from robot_sdf.ros.health import HealthMonitor
 from robot_sdf.ros.markers import MarkerState
 from robot_sdf.ros.parameters import (DYNAMIC_PARAMETERS, PARAMETER_NAMES, ConfigError, ServerConfig, current_values,
@@ -426,8 +426,7 @@ class SdfServer(Node):
             specs = load_scene(path)
             frame = scene_frame(path)
             if frame != self.config.world_frame:
-                raise ValueError(f"its frame '{frame}' is not world_frame "
-                                 f"'{self.config.world_frame}'")
+                specs = self._scene_in_world(specs, frame)
             apply_scene(self.world, specs)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"cannot load scene_file '{path}': {exc}") from exc
@@ -436,6 +435,20 @@ class SdfServer(Node):
             if spec.pose_topic:
                 topics.setdefault(spec.pose_topic, []).append((spec.id, spec.env))
         return topics
+
+    def _scene_in_world(self, specs: list, frame: str) -> list:
+        """Scene obstacles declared in ``frame`` -> in world_frame, through static_transforms (the
+        scene is loaded at configure time, before any tf data can arrive). ValueError otherwise."""
+        import dataclasses
+
+        world_frame = self.config.world_frame
+        static = StaticTransforms(parse_static_transforms(self.config.static_transforms))
+        try:
+            world_from_frame = static.lookup(world_frame, frame, None, 0.0)
+        except LookupFailed as exc:
+            raise ValueError(f"its frame '{frame}' is not world_frame '{world_frame}' and not connected to it "
+                             f"by static_transforms: {exc}") from None
+        return [dataclasses.replace(spec, pose=compose(world_from_frame, spec.pose)) for spec in specs]
 
     def _warm_up(self) -> None:
         """Run each query once so the Warp kernels are loaded before the services appear."""
