@@ -208,7 +208,9 @@ class Tf2Buffer:
     def close(self) -> None:
         self._executor.shutdown(timeout_sec=2.0)
         self._thread.join(timeout=5.0)
-        self._listener.unregister()
+        unregister = getattr(self._listener, "unregister", None)  # absent before ROS 2 Humble
+        if unregister is not None:
+            unregister()
         self._node.destroy_node()
 
 
