@@ -303,7 +303,12 @@ class SdfServer(Node):
         changes = {p.name: p.value for p in params if p.name in DYNAMIC_PARAMETERS}
         if not changes or self.config is None:
             return  # an unconfigured node reads every value in configure_server()
-        self._apply_config(with_changes(self.config, changes), set(changes))
+        try:
+            self._apply_config(with_changes(self.config, changes), set(changes))
+        except Exception as exc:  # noqa: BLE001 - validated before; a parameter service must not die
+            self.get_logger().error(f"applying parameters {sorted(changes)} failed: {exc!r}")
+            self._health.internal_error("parameters", f"{type(exc).__name__}: {exc}")
+            return
         self.get_logger().info("parameters set: " + ", ".join(f"{k}={v!r}" for k, v in sorted(changes.items())))
 
     def _apply_config(self, new: ServerConfig, changed: set[str]) -> None:
