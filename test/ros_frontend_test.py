@@ -264,8 +264,8 @@ def test_a_viewer_started_later_receives_the_whole_scene(frontend):
     shown = rh.wait_until(late_state, 10.0, what="the late viewer's scene")
     first = {m.text: m for m in _replay(first_viewer.snapshot()).values() if m.type == Marker.TRIANGLE_LIST}
     assert set(first) == set(shown)  # both viewers show the same scene
-    world_ids = {"tracked", "cam_box", "fixed_box", "late_a"}
-    assert world_ids <= set(shown) and "late_b" not in shown and "lidar_box" not in shown
+    # 'tracked' (scene) was last sent long before: only a full update in the history carries it
+    assert {"tracked", "late_a"} <= set(shown) and "late_b" not in shown and "lidar_box" not in shown
     assert shown["late_a"].pose.position.y == pytest.approx(6.15)
 
 
@@ -302,13 +302,15 @@ def test_diagnostics_report_problems_with_reasons_and_recover(frontend):
 def _cost(frontend, weight: float) -> float:
     req = EvaluateSphereCost.Request(batch=1, horizon=1, spheres_per_step=1, weight=weight,
                                      activation_distance=0.05)
-    req.spheres = float32_array(np.array([6.0, 0.0, 0.75, 0.1], np.float32))  # 0.05 above fixed_box, r 0.1
+    req.spheres = float32_array(np.array([0.0, -6.0, 0.75, 0.1], np.float32))  # 0.05 above param_box, r 0.1
     resp = frontend.harness.call(frontend.cost, req)
     assert resp.success, resp.message
     return float(np.frombuffer(resp.cost, np.float32)[0])
 
 
 def test_run_time_parameters(frontend):
+    v, t = ref.box(BOX)  # top face at z = 0.5 + 0.2
+    frontend.publish_until_applied(frontend.mesh_pub, make_mesh_obstacle("param_box", v, t, [0.0, -6.0, 0.5, 1, 0, 0, 0]))
     # penetration d = r + eta - sd = 0.1 + 0.05 - 0.05 = 0.1 > eta: cost = d - eta/2 = 0.075 per unit weight
     assert _cost(frontend, 1.0) == pytest.approx(0.075, abs=1e-4)
     assert _cost(frontend, 0.0) == pytest.approx(0.075, abs=1e-4)  # node default weight 1.0
