@@ -54,7 +54,7 @@ def legacy_swept_sphere_cost_kernel(
         cost, grad, clearance0 = kernels.sphere_world_cost(
             p, radius, eta, max_dist, 0, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method
         )
-        evaluations = 1
+        evaluations = int(1)
         for side in range(2):
             neighbour_step = step - 1 + 2 * side
             if sweep_steps <= 0 or neighbour_step < 0 or neighbour_step >= horizon:
