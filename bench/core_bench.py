@@ -9,7 +9,10 @@ Everything runs in this process on ``device`` ("cpu" or "cuda[:N]"). Tables:
    wp.mesh_query_point_no_sign, nothing else) with the cost's bound and with max_dist only, on the
    cost's threading and on one thread, and Open3D RaycastingScene.compute_signed_distance;
 2. sphere-count scaling (fwd+bwd), 3. triangle-count scaling (BVH build, refit, world.add_mesh,
-   fwd+bwd), 4. the MPPI batch 400 x 30 x 52, 5. the four sign methods (fwd).
+   fwd+bwd), 4. the MPPI batch 400 x 30 x 52, 5. the four sign methods (fwd), 6. the swept cost
+   per sphere against the plain cost on the same trajectories (MPC-like rollouts mostly in free
+   space, and the contact-heavy standard trajectories), with the number of cost evaluations per
+   sphere, side by side with the rule used before issue 8 (bench/legacy_swept.py).
 """
 from __future__ import annotations
 
@@ -23,8 +26,10 @@ import warp as wp
 
 from bench import Stats, emit, fmt_ms, fmt_rate, load_average, measure, section, table
 from bench import scenes
+from bench.legacy_swept import legacy_swept_sphere_cost_kernel
 from robot_sdf import MeshWorld, SignMethod, kernels
-from robot_sdf.warp_primitives import SdfMeshWarpPy, SweptSdfMeshWarpPy, _launch, warp_device
+from robot_sdf.warp_primitives import (SdfMeshWarpPy, SweptSdfMeshWarpPy, _as_warp, _launch, launch_swept_sphere_cost,
+                                       warp_device)
 
 wp.set_module_options({"enable_backward": False})
 
@@ -133,14 +138,47 @@ class CostRunner:
                                         self.speed_dt, s.mesh_idx, s.mesh_pose_inverse, s.mesh_enable, s.n_env_mesh,
                                         self.max_dist, SWEEP_STEPS, False, None, False, s.sign_method)
 
-    def swept_forward_backward(self) -> torch.Tensor:
+    def swept_forward_backward(self, sweep_steps: int = SWEEP_STEPS) -> torch.Tensor:
         s = self.snap
         self.spheres_grad.grad = None
         c = SweptSdfMeshWarpPy.apply(self.spheres_grad, self.cost, self.grad, self.sparsity, self.weight, self.eta,
                                      self.speed_dt, s.mesh_idx, s.mesh_pose_inverse, s.mesh_enable, s.n_env_mesh,
-                                     self.max_dist, SWEEP_STEPS, False, None, False, s.sign_method)
+                                     self.max_dist, sweep_steps, False, None, False, s.sign_method)
         c.sum().backward()
         return self.spheres_grad.grad
+
+
+class LegacySweptRunner:
+    """The swept rule used before issue 8 (bench/legacy_swept.py) on a CostRunner's trajectories:
+    cost and gradient in one launch, as that rule computed them (its backward was one multiply)."""
+
+    def __init__(self, runner: CostRunner, sweep_steps: int = SWEEP_STEPS):
+        self.runner = runner
+        self.sweep_steps = sweep_steps
+        b, h, n, _ = runner.spheres.shape
+        self.shape = (b, h, n)
+        self.evaluations = torch.zeros((b, h, n), dtype=torch.int32, device=runner.world.device)
+
+    def __call__(self) -> None:
+        r, s = self.runner, self.runner.snap
+        inputs = [_as_warp(r.spheres.view(-1, 4), dtype=wp.vec4), _as_warp(r.weight), _as_warp(r.eta),
+                  _as_warp(r.max_dist), _as_warp(s.mesh_idx), _as_warp(s.mesh_pose_inverse),
+                  _as_warp(s.mesh_enable), _as_warp(s.n_env_mesh), self.shape[1], self.shape[2], self.sweep_steps,
+                  int(s.sign_method)]
+        outputs = [_as_warp(r.cost.view(-1)), _as_warp(r.grad.view(-1, 4), dtype=wp.vec4),
+                   _as_warp(self.evaluations.view(-1))]
+        _launch(legacy_swept_sphere_cost_kernel, r.count, inputs, outputs, r.world.device)
+
+
+def swept_evaluations(runner: CostRunner, sweep_steps: int = SWEEP_STEPS) -> np.ndarray:
+    """Cost evaluations per sphere (b,h,n) of the current swept rule on the runner's trajectories."""
+    s = runner.snap
+    count = torch.zeros(runner.cost.shape, dtype=torch.int32, device=runner.world.device)
+    launch_swept_sphere_cost(runner.spheres, runner.cost, runner.grad, runner.sparsity, runner.weight, runner.eta,
+                             runner.speed_dt, s.mesh_idx, s.mesh_pose_inverse, s.mesh_enable, s.n_env_mesh,
+                             runner.max_dist, sweep_steps, compute_grad=False, sign_method=s.sign_method,
+                             out_evaluations=count)
+    return count.cpu().numpy()
 
 
 class FloorRunner:
@@ -396,9 +434,50 @@ def sign_methods(b: Bench) -> None:
         f"{m.name.lower()} {100 * float(np.mean(s == ref)):.3f} %" for m, s in signs.items() if m != SignMethod.NORMAL))
 
 
+def swept_table(b: Bench) -> None:
+    section(f"Swept cost on {b.device}: per sphere against the plain cost on the same spheres")
+    world = build_world(b.meshes, b.device)
+    sets = {
+        "MPC-like rollouts (free space)": scenes.mpc_rollouts(*b.traj),
+        "standard trajectories (contact-heavy)": scenes.trajectories(b.meshes, *b.traj),
+    }
+    steps_list = (1, 4) if b.quick else (1, 2, 4)
+    emit(f"{'x'.join(map(str, b.traj))} spheres per set, r = {scenes.SPHERE_RADIUS} m, activation "
+         f"{scenes.ACTIVATION} m, max_dist {scenes.MAX_DIST} m; plain = SdfMeshWarpPy fwd+bwd, swept K = "
+         "SweptSdfMeshWarpPy fwd+bwd with sweep_steps K (time-average, exact partials), before issue 8 K = the old "
+         "rule's kernel (bench/legacy_swept.py; cost and gradient in one launch). 'near' = spheres whose plain "
+         "cost is > 0 (centre within r + activation of a surface). Evaluations = sphere_world_cost calls per "
+         f"sphere (at most 2 K + 1). Threads: {_threads_for(b.traj[0] * b.traj[1] * b.traj[2]) if b.device == 'cpu' else 'GPU'}.")
+    rows = []
+    for name, traj in sets.items():
+        runner = CostRunner(world, traj)
+        with torch.no_grad():
+            runner.forward()
+        near = float((runner.cost > 0).float().mean())
+        cases: dict[str, Callable[[], object]] = {"plain": runner.forward_backward}
+        evals: dict[str, np.ndarray | None] = {"plain": None}
+        for k in steps_list:
+            legacy = LegacySweptRunner(runner, k)
+            legacy()
+            evals[f"swept {k}"] = swept_evaluations(runner, k)
+            evals[f"before issue 8, {k}"] = legacy.evaluations.cpu().numpy()
+            cases[f"swept {k}"] = lambda k=k: runner.swept_forward_backward(k)
+            cases[f"before issue 8, {k}"] = legacy
+        res = b.timed(cases)
+        plain = res["plain"].median
+        for case, st in res.items():
+            ev = evals[case]
+            first = case == "plain"
+            rows.append([name if first else "", f"{100 * near:.1f} %" if first else "", case, st.ms(),
+                         f"{1e9 * st.median / runner.count:,.0f}", f"{st.median / plain:.2f}",
+                         "1" if ev is None else f"{ev.mean():.2f} (max {ev.max()})"])
+    emit(table(["trajectories", "near", "case", "median ms (p25-p75)", "ns / sphere", "/ plain",
+                "evaluations / sphere"], rows))
+
+
 def run(device: str = "cpu", quick: bool = False) -> None:
     """Print every core table."""
     b = Bench(device, quick)
-    for part in (standard_table, sphere_scaling, triangle_scaling, mppi_batch, sign_methods):
+    for part in (standard_table, sphere_scaling, triangle_scaling, mppi_batch, sign_methods, swept_table):
         part(b)
         emit(f"\n(load average after this table: {load_average()})")

@@ -259,3 +259,28 @@ def trajectories(meshes: list[SceneMesh], batch: int, horizon: int, spheres: int
     out[..., :3] = walk
     out[..., 3] = radius
     return out
+
+
+def mpc_rollouts(batch: int, horizon: int, spheres: int, seed: int = STANDARD_SEED + 3,
+                 radius: float = SPHERE_RADIUS, dt: float = 0.1) -> np.ndarray:
+    """(batch, horizon, spheres, 4) float32: MPC-like rollouts through the standard scene's
+    workspace, mostly in free space. Each batch row is a rigid body of ``spheres`` spheres (random
+    offsets within a 0.4 m cube) whose centre starts anywhere in the workspace box
+    [-2.5, 2.5] x [-1.5, 1.5] x [-0.5, 1.5] m and drives at 0.1-0.3 m/s with a smoothly varying
+    (AR(1)) velocity, ``dt`` s per step: consecutive steps 1-3 cm apart, as in the demo's MPPI.
+    How many spheres come within the activation distance of a surface is measured where used."""
+    rng = np.random.default_rng(seed)
+    start = rng.uniform([-2.5, -1.5, -0.5], [2.5, 1.5, 1.5], size=(batch, 1, 1, 3))
+    offsets = rng.uniform(-0.2, 0.2, size=(batch, 1, spheres, 3))
+    direction = rng.normal(size=(batch, 3))
+    direction /= np.linalg.norm(direction, axis=1, keepdims=True)
+    velocity = np.empty((batch, horizon, 3))
+    velocity[:, 0] = direction * rng.uniform(0.1, 0.3, size=(batch, 1))
+    for t in range(1, horizon):
+        velocity[:, t] = 0.9 * velocity[:, t - 1] + rng.normal(scale=0.03, size=(batch, 3))
+    path = np.concatenate([np.zeros((batch, 1, 3)), np.cumsum(velocity[:, 1:] * dt, axis=1)], axis=1)
+    centres = start + offsets + path[:, :, None, :]
+    out = np.empty((batch, horizon, spheres, 4), np.float32)
+    out[..., :3] = centres
+    out[..., 3] = radius
+    return out

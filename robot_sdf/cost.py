@@ -87,7 +87,9 @@ def sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, env_index=
 
 def swept_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, sweep_steps=4, speed_dt=0.1,
                       enable_speed_metric=False, env_index=None, max_distance=None):
-    """Swept cost (b,h,n) of trajectories of spheres (b,h,n,4); differentiable w.r.t. the centres."""
+    """Swept cost (b,h,n) of trajectories of spheres (b,h,n,4) along h; differentiable w.r.t. the
+    centres. Step t's cost depends on the centres of steps t-1, t and t+1 (design.md section 4);
+    backward gives the exact gradient for any upstream gradient."""
     s = _prepare_spheres(world, spheres)
     env = _prepare_env_index(world, env_index, s.shape[0])
     w, eta, max_d = _scalars(world, activation_distance, weight, max_distance)
@@ -156,7 +158,10 @@ def evaluate_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, e
 def evaluate_swept_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, sweep_steps=4, speed_dt=0.1,
                                enable_speed_metric=False, env_index=None, max_distance=None, compute_gradient=True,
                                return_revision=False):
-    """Swept cost (b,h,n) and gradient (b,h,n,3) or None; the revision used with return_revision."""
+    """Swept cost (b,h,n) and gradient (b,h,n,3) or None; the revision used with return_revision.
+
+    The gradient of sphere t is that of the summed cost sum_t' cost_t' (each step's cost depends
+    on its neighbouring steps too), what an MPC that adds up the steps needs."""
     s = _prepare_spheres(world, spheres).detach()
     env = _prepare_env_index(world, env_index, s.shape[0])
     w, eta, max_d = _scalars(world, activation_distance, weight, max_distance)

@@ -251,6 +251,21 @@ def sphere_cost_kernel(
         out_grad[tid] = wp.vec4(0.0, 0.0, 0.0, 0.0)
 
 
+@wp.func
+def swept_sample_weight(k: int, sweep_steps: int, n_sides: int) -> float:
+    """Quadrature weight of sample k (1..K) of one side of a slot with ``n_sides`` sides.
+
+    Trapezoid rule in time over each half segment [p[t], midpoint], nodes at s_k = k / (2K):
+    p[t] weighs 1 / (2K) (set by the caller), inner samples 1 / (K n_sides), the half-way point
+    1 / (2K n_sides); the weights of one slot sum to 1. The half-way point is shared with the
+    neighbouring step's slot, so along a whole trajectory every node carries the same weight.
+    """
+    w = 1.0 / (float(sweep_steps) * float(n_sides))
+    if k == sweep_steps:
+        w = 0.5 * w
+    return w
+
+
 @wp.kernel
 def swept_sphere_cost_kernel(
     spheres: wp.array(dtype=wp.vec4),
@@ -270,12 +285,32 @@ def swept_sphere_cost_kernel(
     enable_speed_metric: int,
     sign_method: int,
     compute_grad: int,
+    count_evaluations: int,
     start: int,
     total: int,
     out_cost: wp.array(dtype=wp.float32),
-    out_grad: wp.array(dtype=wp.vec4),
     out_sparsity: wp.array(dtype=wp.uint8),
+    out_own: wp.array(dtype=wp.vec3),
+    out_to_prev: wp.array(dtype=wp.vec3),
+    out_to_next: wp.array(dtype=wp.vec3),
+    out_evaluations: wp.array(dtype=wp.int32),
 ):
+    """Swept cost of step t of each sphere's trajectory (design.md section 4) and its partials.
+
+    cost_t = weight * time-average of the sphere's cost over its slot [mid(t-1, t), p[t],
+    mid(t, t+1)], sampled at p[t] and at s_k = k / (2K) of each existing side's segment
+    (K = sweep_steps), with the fixed weights of swept_sample_weight. A side exists when the
+    neighbour step exists and its sphere is on (radius >= 0). A sample is skipped (cost 0) only
+    when it lies strictly within the clearance of a point already evaluated on the same side:
+    the signed distance is 1-Lipschitz, so its penetration is <= 0 there.
+
+    Outputs per sphere (world frame, all scaled by weight; written only when compute_grad):
+    out_own = d cost_t / d p[t], out_to_prev = d cost_t / d p[t-1], out_to_next =
+    d cost_t / d p[t+1]; a sample at fraction s with weight w and cost gradient g adds
+    w (1 - s) g to p[t] and w s g to the neighbour. With the speed metric applied to a step,
+    its whole (CHOMP) gradient goes to out_own and both neighbour partials are 0.
+    out_evaluations (when count_evaluations): sphere_world_cost calls made for the sphere.
+    """
     tid = wp.tid() + start
     if tid >= total:
         return
@@ -287,44 +322,72 @@ def swept_sphere_cost_kernel(
     step = (tid / spheres_per_step) % horizon
     env = query_env(tid, spheres_per_step * horizon, use_env_query, env_query, n_env_mesh.shape[0])
     cost = float(0.0)
-    grad = wp.vec3(0.0, 0.0, 0.0)
+    own = wp.vec3(0.0, 0.0, 0.0)
+    to_prev = wp.vec3(0.0, 0.0, 0.0)
+    to_next = wp.vec3(0.0, 0.0, 0.0)
+    evaluations = int(0)
     if radius >= 0.0 and env >= 0:
+        c0 = float(0.0)
+        g0 = wp.vec3(0.0, 0.0, 0.0)
         clearance0 = float(0.0)
-        cost, grad, clearance0 = sphere_world_cost(
+        c0, g0, clearance0 = sphere_world_cost(
             p, radius, eta, max_dist, env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method
         )
-        for side in range(2):
-            neighbour_step = step - 1 + 2 * side
-            if sweep_steps <= 0 or neighbour_step < 0 or neighbour_step >= horizon:
-                continue
-            sn = spheres[tid + (neighbour_step - step) * spheres_per_step]
-            if sn[3] < 0.0:
-                continue
-            half = (wp.vec3(sn[0], sn[1], sn[2]) - p) * 0.5
-            length = wp.length(half)
-            if length < 1.0e-6:
-                continue
-            direction = half / length
-            min_advance = length / float(sweep_steps)
-            tau = float(0.0)
-            clearance = clearance0
-            # Sphere tracing: jump by the clearance (free space is certain there), at least
-            # length / sweep_steps, and always sample the half-way point last.
-            for _k in range(sweep_steps):
-                tau = wp.min(tau + wp.max(clearance, min_advance), length)
-                q = p + direction * tau
-                cq = float(0.0)
-                gq = wp.vec3(0.0, 0.0, 0.0)
-                cq, gq, clearance = sphere_world_cost(
-                    q, radius, eta, max_dist, env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method
-                )
-                cost += cq
-                grad += gq
-                if tau >= length:
-                    break
+        evaluations = int(1)
+        has_prev = int(0)
+        has_next = int(0)
+        if sweep_steps > 0:
+            if step > 0 and spheres[tid - spheres_per_step][3] >= 0.0:
+                has_prev = 1
+            if step < horizon - 1 and spheres[tid + spheres_per_step][3] >= 0.0:
+                has_next = 1
+        n_sides = has_prev + has_next
+        cost = c0
+        own = g0
+        if n_sides > 0:
+            inv_2k = 1.0 / (2.0 * float(sweep_steps))
+            own = g0 * inv_2k
+            # cost = c0 + sum_i w_i (c_i - c0): equal to sum_i w_i c_i (weights sum to 1), and
+            # exactly c0 when every sample sits on p[t] (a stationary trajectory).
+            delta = float(0.0)
+            for side in range(2):
+                if (side == 0 and has_prev == 0) or (side == 1 and has_next == 0):
+                    continue
+                sn = spheres[tid + (2 * side - 1) * spheres_per_step]
+                segment = wp.vec3(sn[0], sn[1], sn[2]) - p
+                seg_len = wp.length(segment)
+                # Farthest fraction-times-length proven free so far: an evaluated point at
+                # s_e with clearance c_e frees every later sample with s L < s_e L + c_e.
+                free_reach = clearance0
+                to_neighbour = wp.vec3(0.0, 0.0, 0.0)
+                for k in range(1, sweep_steps + 1):
+                    sk = float(k) * inv_2k
+                    wk = swept_sample_weight(k, sweep_steps, n_sides)
+                    if sk * seg_len < free_reach:
+                        delta -= wk * c0
+                        continue
+                    q = p + segment * sk
+                    ck = float(0.0)
+                    gk = wp.vec3(0.0, 0.0, 0.0)
+                    clearance_k = float(0.0)
+                    ck, gk, clearance_k = sphere_world_cost(
+                        q, radius, eta, max_dist, env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method
+                    )
+                    evaluations += 1
+                    free_reach = wp.max(free_reach, sk * seg_len + clearance_k)
+                    delta += wk * (ck - c0)
+                    own += gk * (wk * (1.0 - sk))
+                    to_neighbour += gk * (wk * sk)
+                if side == 0:
+                    to_prev = to_neighbour
+                else:
+                    to_next = to_neighbour
+            cost = wp.max(c0 + delta, 0.0)
         w = weight[0]
         cost = cost * w
-        grad = grad * w
+        own = own * w
+        to_prev = to_prev * w
+        to_next = to_next * w
         if enable_speed_metric != 0 and cost > 0.0 and step > 0 and step < horizon - 1:
             sp = spheres[tid - spheres_per_step]
             sq = spheres[tid + spheres_per_step]
@@ -334,16 +397,23 @@ def swept_sphere_cost_kernel(
             vel = (nxt - prev) / (2.0 * dt)
             speed = wp.length(vel)
             if speed > MIN_SPEED:
+                # CHOMP's functional gradient of the step's cost: its gradient for a common
+                # translation of the slot (own + both partials), projected, applied to p[t] only.
+                grad = own + to_prev + to_next
                 acc = (prev + nxt - 2.0 * p) / (dt * dt)
                 v_hat = vel / speed
                 kappa = acc / (speed * speed)
                 proj_grad = grad - v_hat * wp.dot(v_hat, grad)
                 proj_kappa = kappa - v_hat * wp.dot(v_hat, kappa)
-                grad = (proj_grad - proj_kappa * cost) * speed
+                own = (proj_grad - proj_kappa * cost) * speed
+                to_prev = wp.vec3(0.0, 0.0, 0.0)
+                to_next = wp.vec3(0.0, 0.0, 0.0)
                 cost = cost * speed
     out_cost[tid] = cost
     out_sparsity[tid] = wp.where(cost > 0.0, wp.uint8(1), wp.uint8(0))
     if compute_grad != 0:
-        out_grad[tid] = wp.vec4(grad[0], grad[1], grad[2], 0.0)
-    else:
-        out_grad[tid] = wp.vec4(0.0, 0.0, 0.0, 0.0)
+        out_own[tid] = own
+        out_to_prev[tid] = to_prev
+        out_to_next[tid] = to_next
+    if count_evaluations != 0:
+        out_evaluations[tid] = evaluations

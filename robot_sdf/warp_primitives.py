@@ -9,7 +9,10 @@ One argument beyond cuRobo's is accepted at the end of both: ``sign_method`` (a 
 its name; NORMAL unless given). The tensors may live on the CPU or on CUDA (the mesh tensors on
 the spheres' device); Warp runs there, on torch's current stream. Outputs are fully rewritten on
 every call; gradients are computed only when query_spheres requires grad (else out_grad is
-zero-filled). ``backward`` returns grad_output[..., None] * out_grad for the spheres.
+zero-filled). SdfMeshWarpPy's ``backward`` returns grad_output[..., None] * out_grad for the
+spheres. A swept step's cost depends on its two neighbours as well: SweptSdfMeshWarpPy's out_grad
+is the gradient of the summed cost, and its ``backward`` applies the exact chain rule for any
+grad_output from per-step partials kept from forward (swept_chain_rule).
 """
 from __future__ import annotations
 
@@ -232,13 +235,55 @@ def launch_sphere_cost(
     outs.finish()
 
 
+class SweptPartials:
+    """Per-sphere partial derivatives of the swept cost, (b,h,n,3) float32 each, world frame.
+
+    own[t] = d cost_t / d p[t], to_prev[t] = d cost_t / d p[t-1], to_next[t] = d cost_t / d p[t+1]
+    (zero where the side does not exist, for spheres that are off, and for both neighbour partials
+    of a step where the speed metric applies). Views of one (3,b,h,n,3) buffer.
+    """
+
+    def __init__(self, b: int, h: int, n: int, device: torch.device):
+        self.buffer = torch.empty((3, b, h, n, 3), dtype=torch.float32, device=device)
+        self.own, self.to_prev, self.to_next = self.buffer.unbind(0)
+
+    def warp_arrays(self) -> list:
+        return [_as_warp(x.view(-1, 3), dtype=wp.vec3) for x in (self.own, self.to_prev, self.to_next)]
+
+
+def swept_chain_rule(own: torch.Tensor, to_prev: torch.Tensor, to_next: torch.Tensor,
+                     grad_output: torch.Tensor | None = None) -> torch.Tensor:
+    """d (sum_t grad_output[t] cost_t) / d p[t] (b,h,n,3) from the partials (b,h,n,3 each).
+
+    grad[t] = g[t] own[t] + g[t-1] to_next[t-1] + g[t+1] to_prev[t+1]; grad_output g (b,h,n),
+    None meaning all ones (the gradient of the summed cost).
+    """
+    if grad_output is None:
+        grad = own.clone()
+        grad[:, 1:] += to_next[:, :-1]
+        grad[:, :-1] += to_prev[:, 1:]
+        return grad
+    g = grad_output.unsqueeze(-1).to(own.dtype)
+    grad = g * own
+    grad[:, 1:] += g[:, :-1] * to_next[:, :-1]
+    grad[:, :-1] += g[:, 1:] * to_prev[:, 1:]
+    return grad
+
+
 def launch_swept_sphere_cost(
     query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt, mesh_idx,
     mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps: int = 1,
     enable_speed_metric: bool = False, env_query_idx=None, compute_grad: bool = True,
-    sign_method=SignMethod.NORMAL,
-) -> None:
-    """Fill the outputs with SweptSdfMeshWarpPy's cost (design.md section 4)."""
+    sign_method=SignMethod.NORMAL, out_evaluations: torch.Tensor | None = None,
+) -> SweptPartials | None:
+    """Fill the outputs with SweptSdfMeshWarpPy's cost (design.md section 4).
+
+    out_cost[t] = cost_t (b,h,n); out_grad[..., :3] = d (sum_t' cost_t') / d p[t] (b,h,n,4), the
+    gradient of the summed cost that cuRobo-style callers read directly (zero-filled unless
+    compute_grad). Returns the partials (for autograd with any grad_output) when compute_grad,
+    else None. out_evaluations: optional (b,h,n) int32 tensor (contiguous, on the spheres'
+    device) that receives the number of cost evaluations made per sphere (benchmarks).
+    """
     b, h, n = _check_spheres(query_spheres)
     if int(sweep_steps) < 0:
         raise ValueError(f"sweep_steps must be >= 0, got {sweep_steps}")
@@ -247,14 +292,37 @@ def launch_swept_sphere_cost(
     spheres = _as_warp(query_spheres.detach().contiguous().view(-1, 4), dtype=wp.vec4)
     env_arr, use_env = _env_query(env_query_idx, b, device)
     world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
+    if out_evaluations is not None and (tuple(out_evaluations.shape) != (b, h, n) or out_evaluations.dtype != torch.int32
+                                        or out_evaluations.device != device or not out_evaluations.is_contiguous()):
+        raise ValueError(f"out_evaluations must be a contiguous ({b}, {h}, {n}) int32 tensor on {device}")
+    partials = SweptPartials(b, h, n, device) if compute_grad else SweptPartials(1, 1, 1, device)
+    evaluations = out_evaluations if out_evaluations is not None else _unused_int(device)
     inputs = [
         spheres, _as_warp(_scalar(weight, device)), _as_warp(_scalar(activation_distance, device)),
         _as_warp(_scalar(max_dist, device)), _as_warp(_scalar(speed_dt, device)), *world, env_arr, use_env,
         h, n, int(sweep_steps), int(bool(enable_speed_metric)), int(SignMethod.parse(sign_method)),
-        int(bool(compute_grad)),
+        int(bool(compute_grad)), int(out_evaluations is not None),
     ]
-    _launch(kernels.swept_sphere_cost_kernel, b * h * n, inputs, outs.warp_arrays(), device)
+    outputs = [_as_warp(outs.cost.view(-1)), _as_warp(outs.sparsity.view(-1)), *partials.warp_arrays(),
+               _as_warp(evaluations.view(-1))]
+    _launch(kernels.swept_sphere_cost_kernel, b * h * n, inputs, outputs, device)
+    if compute_grad:
+        outs.grad[..., :3] = swept_chain_rule(partials.own, partials.to_prev, partials.to_next)
+        outs.grad[..., 3] = 0.0
+    else:
+        outs.grad.zero_()
     outs.finish()
+    return partials if compute_grad else None
+
+
+_unused_ints: dict[torch.device, torch.Tensor] = {}
+
+
+def _unused_int(device: torch.device) -> torch.Tensor:
+    t = _unused_ints.get(device)
+    if t is None:
+        t = _unused_ints.setdefault(device, torch.zeros(1, dtype=torch.int32, device=device))
+    return t
 
 
 class SdfMeshWarpPy(torch.autograd.Function):
@@ -287,7 +355,12 @@ class SdfMeshWarpPy(torch.autograd.Function):
 
 
 class SweptSdfMeshWarpPy(torch.autograd.Function):
-    """Swept collision cost along trajectories (b, h steps, n spheres) (design.md section 4)."""
+    """Swept collision cost along trajectories (b, h steps, n spheres) (design.md section 4).
+
+    cost_t depends on p[t-1], p[t] and p[t+1]. out_grad holds, per sphere, the gradient of the
+    summed cost (what cuRobo-style MPCs read); backward applies the chain rule for any
+    grad_output from the per-step partials computed in forward (swept_chain_rule).
+    """
 
     @staticmethod
     def forward(
@@ -296,18 +369,22 @@ class SweptSdfMeshWarpPy(torch.autograd.Function):
         enable_speed_metric=False, env_query_idx=None, return_loss=False, sign_method=SignMethod.NORMAL,
     ):
         compute_grad = bool(ctx.needs_input_grad[0])
-        launch_swept_sphere_cost(
+        partials = launch_swept_sphere_cost(
             query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,
             mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps,
             enable_speed_metric, env_query_idx, compute_grad=compute_grad, sign_method=sign_method,
         )
-        ctx.save_for_backward(out_grad)
+        if partials is not None:
+            ctx.save_for_backward(partials.buffer)
         return out_cost
 
     @staticmethod
     def backward(ctx, grad_output):
-        (out_grad,) = ctx.saved_tensors
         grad_spheres = None
         if ctx.needs_input_grad[0]:
-            grad_spheres = grad_output.unsqueeze(-1) * out_grad
+            (buffer,) = ctx.saved_tensors
+            own, to_prev, to_next = buffer.unbind(0)
+            grad = swept_chain_rule(own, to_prev, to_next, grad_output)
+            # The radius gets no gradient.
+            grad_spheres = torch.cat([grad, torch.zeros_like(grad[..., :1])], dim=-1)
         return (grad_spheres,) + (None,) * 16

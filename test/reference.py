@@ -479,64 +479,122 @@ def sphere_cost(spheres: np.ndarray, envs: list[list[RefMesh]], eta: float, weig
     return cost, grad
 
 
+def swept_weights(sweep_steps: int, n_sides: int) -> tuple[float, np.ndarray, np.ndarray]:
+    """Quadrature of one slot: (weight of p[t], fractions s_k (K,), weight of each side's sample k (K,)).
+
+    The slot average is the mean over the existing sides (each is half of the time of an inner
+    step) of the trapezoid-rule average of the cost over that side's half segment, on the nodes
+    s_j = j / (2K), j = 0..K (node 0 = p[t]). With no side (K = 0 or no neighbour) p[t] weighs 1.
+    """
+    if sweep_steps <= 0 or n_sides == 0:
+        return 1.0, np.zeros(0), np.zeros(0)
+    k = np.arange(1, sweep_steps + 1)
+    s = k / (2.0 * sweep_steps)
+    trapezoid = np.where(k == sweep_steps, 0.5, 1.0) / sweep_steps  # nodes 1..K of [0, 1/2]
+    # node 0 (p[t]) of every side: 1 / (2K) in each side's trapezoid, averaged over the sides
+    w_p = sum(0.5 / sweep_steps for _ in range(n_sides)) / n_sides
+    return w_p, s, trapezoid / n_sides
+
+
+def swept_sphere_partials(spheres: np.ndarray, envs: list[list[RefMesh]], eta: float,
+                          weight: float = 1.0, max_dist: float = 0.5, sweep_steps: int = 1,
+                          speed_dt: float = 0.1, enable_speed_metric: bool = False, env_index=None,
+                          samples_out: list | None = None):
+    """Reference of the swept cost of design.md section 4 and its exact partial derivatives.
+
+    Every sample is evaluated (no sphere-tracing skips: a correct kernel skips only samples whose
+    cost is 0, so it must agree). spheres (b,h,n,4). Returns cost (b,h,n) and the partials
+    own = d cost_t / d p[t], to_prev = d cost_t / d p[t-1], to_next = d cost_t / d p[t+1]
+    (each (b,h,n,3)). With the speed metric, a step where it applies gets CHOMP's gradient of
+    its slot-translation gradient (own + to_prev + to_next) in own, and zero neighbour partials.
+    When samples_out is a list, every sample q (3,) is appended as ((b, t, k), q) for each sphere
+    whose summed-cost gradient depends on it (the step's own sphere and the neighbour).
+    """
+    s = np.asarray(spheres, dtype=np.float64)
+    b, h, n, _ = s.shape
+    cost = np.zeros((b, h, n))
+    own = np.zeros((b, h, n, 3))
+    partial = {-1: np.zeros((b, h, n, 3)), 1: np.zeros((b, h, n, 3))}
+    for bi, meshes in enumerate(_env_list(envs, b, env_index)):
+        # one row of samples: (t, k, neighbour step or -1, fraction s, weight, point)
+        rows_t, rows_k, rows_nb, rows_s, rows_w, rows_q = [], [], [], [], [], []
+        for t in range(h):
+            for k in range(n):
+                if s[bi, t, k, 3] < 0:
+                    continue
+                p = s[bi, t, k, :3]
+                sides = [nb for nb in (t - 1, t + 1) if 0 <= nb < h and s[bi, nb, k, 3] >= 0]
+                w_p, frac, w_side = swept_weights(sweep_steps, len(sides))
+                rows_t.append(t), rows_k.append(k), rows_nb.append(-1), rows_s.append(0.0)
+                rows_w.append(w_p), rows_q.append(p)
+                if sweep_steps <= 0:
+                    continue
+                for nb in sides:
+                    pn = s[bi, nb, k, :3]
+                    for fk, wk in zip(frac, w_side):
+                        q = (1.0 - fk) * p + fk * pn
+                        rows_t.append(t), rows_k.append(k), rows_nb.append(nb), rows_s.append(fk)
+                        rows_w.append(wk), rows_q.append(q)
+                        if samples_out is not None:
+                            samples_out.append(((bi, t, k), q))
+                            samples_out.append(((bi, nb, k), q))
+        if not rows_t:
+            continue
+        t_i, k_i, nb_i = np.array(rows_t), np.array(rows_k), np.array(rows_nb)
+        f_i, w_i, q_i = np.array(rows_s), np.array(rows_w), np.array(rows_q)
+        c_i, g_i = point_cost(q_i, s[bi, t_i, k_i, 3], meshes, eta, weight, max_dist)
+        np.add.at(cost[bi], (t_i, k_i), w_i * c_i)
+        np.add.at(own[bi], (t_i, k_i), (w_i * (1.0 - f_i))[:, None] * g_i)
+        for side in (-1, 1):
+            sel = (nb_i >= 0) & (nb_i - t_i == side)
+            np.add.at(partial[side][bi], (t_i[sel], k_i[sel]), (w_i[sel] * f_i[sel])[:, None] * g_i[sel])
+    to_prev, to_next = partial[-1], partial[1]
+    if enable_speed_metric:
+        slot_grad = own + to_prev + to_next
+        new_cost, new_grad, applied = speed_metric(cost, slot_grad, s[..., :3], speed_dt, return_mask=True)
+        cost = new_cost
+        own = np.where(applied[..., None], new_grad, own)
+        to_prev = np.where(applied[..., None], 0.0, to_prev)
+        to_next = np.where(applied[..., None], 0.0, to_next)
+    return cost, own, to_prev, to_next
+
+
+def swept_chain_rule(own: np.ndarray, to_prev: np.ndarray, to_next: np.ndarray,
+                     grad_output: np.ndarray | None = None) -> np.ndarray:
+    """Gradient (b,h,n,3) of sum_t g[t] cost_t w.r.t. every p[t] from the partials; g (b,h,n)
+    (None = ones: the gradient of the summed cost)."""
+    g = np.ones(own.shape[:-1]) if grad_output is None else np.asarray(grad_output, dtype=np.float64)
+    out = g[..., None] * own
+    out[:, 1:] += g[:, :-1, :, None] * to_next[:, :-1]
+    out[:, :-1] += g[:, 1:, :, None] * to_prev[:, 1:]
+    return out
+
+
 def swept_sphere_cost(spheres: np.ndarray, envs: list[list[RefMesh]], eta: float,
                       weight: float = 1.0, max_dist: float = 0.5, sweep_steps: int = 1,
                       speed_dt: float = 0.1, enable_speed_metric: bool = False, env_index=None,
                       samples_out: list | None = None):
-    """Reference of SweptSdfMeshWarpPy (the swept rule of the shared context, then the speed metric).
-
-    spheres (b,h,n,4). Returns cost (b,h,n), grad (b,h,n,3). When samples_out is a list, every
-    extra sample is appended to it as ((b, t, k), q (3,)).
-    """
-    s = np.asarray(spheres, dtype=np.float64)
-    cost, grad = sphere_cost(s, envs, eta, weight, max_dist, env_index)
-    b, h, n, _ = s.shape
-    if sweep_steps > 0:
-        for bi, meshes in enumerate(_env_list(envs, b, env_index)):
-            for t in range(h):
-                for k in range(n):
-                    r = s[bi, t, k, 3]
-                    if r < 0:
-                        continue
-                    p = s[bi, t, k, :3]
-                    for nb in (t - 1, t + 1):
-                        if nb < 0 or nb >= h or s[bi, nb, k, 3] < 0:
-                            continue
-                        m = 0.5 * (p + s[bi, nb, k, :3])
-                        length = np.linalg.norm(m - p)
-                        if length < 1e-6:
-                            continue
-                        u = (m - p) / length
-                        tau = 0.0
-                        c = clearance(p[None], np.array([r]), meshes, eta, max_dist)[0]
-                        for _ in range(sweep_steps):
-                            tau = min(tau + max(c, length / sweep_steps), length)
-                            q = p + tau * u
-                            if samples_out is not None:
-                                samples_out.append(((bi, t, k), q))
-                            ci, gi = point_cost(q[None], np.array([r]), meshes, eta, weight, max_dist)
-                            cost[bi, t, k] += ci[0]
-                            grad[bi, t, k] += gi[0]
-                            if tau >= length:
-                                break
-                            c = clearance(q[None], np.array([r]), meshes, eta, max_dist)[0]
-    if enable_speed_metric:
-        cost, grad = speed_metric(cost, grad, s[..., :3], speed_dt)
-    return cost, grad
+    """Reference of SweptSdfMeshWarpPy: cost (b,h,n) and out_grad[..., :3] (b,h,n,3), the
+    gradient of the summed cost w.r.t. every sphere. See swept_sphere_partials."""
+    cost, own, to_prev, to_next = swept_sphere_partials(spheres, envs, eta, weight, max_dist, sweep_steps,
+                                                        speed_dt, enable_speed_metric, env_index, samples_out)
+    return cost, swept_chain_rule(own, to_prev, to_next)
 
 
-def speed_metric(cost: np.ndarray, grad: np.ndarray, positions: np.ndarray, dt: float):
+def speed_metric(cost: np.ndarray, grad: np.ndarray, positions: np.ndarray, dt: float,
+                 return_mask: bool = False):
     """CHOMP speed metric of design.md section 4, applied for 0 < t < h-1 where cost > 0.
 
     cost (b,h,n), grad (b,h,n,3), positions (b,h,n,3), dt seconds. Returns new (cost, grad);
-    the first and last steps are returned unchanged.
+    the first and last steps are returned unchanged. With return_mask, a third element (b,h,n)
+    bool says where the metric was applied.
     """
     cost = np.array(cost, dtype=np.float64)
     grad = np.array(grad, dtype=np.float64)
     p = np.asarray(positions, dtype=np.float64)
     h = p.shape[1]
     if h < 3:
-        return cost, grad
+        return (cost, grad, np.zeros(cost.shape, dtype=bool)) if return_mask else (cost, grad)
     pm, p0, pp = p[:, :-2], p[:, 1:-1], p[:, 2:]
     v = (pp - pm) / (2.0 * dt)
     speed = np.linalg.norm(v, axis=-1)
@@ -554,6 +612,10 @@ def speed_metric(cost: np.ndarray, grad: np.ndarray, positions: np.ndarray, dt: 
     apply = (c0 > 0) & (speed > 1e-3)
     cost[:, 1:-1] = np.where(apply, new_c, c0)
     grad[:, 1:-1] = np.where(apply[..., None], new_g, g0)
+    if return_mask:
+        mask = np.zeros(cost.shape, dtype=bool)
+        mask[:, 1:-1] = apply
+        return cost, grad, mask
     return cost, grad
 
 

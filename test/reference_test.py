@@ -227,17 +227,51 @@ def test_swept_rule_samples_by_hand():
     s[0, :, 0, 0] = [0.18, 0.58]
     eta = 0.05
     c, _ = ref.swept_sphere_cost(s, envs, eta, 1.0, 1.0, sweep_steps=4)
-    # step 0: clearance 0.02 < L/4 = 0.05, so samples at x = 0.23, 0.28, 0.33, 0.38 with
-    # sd = 0.02, -0.03, -0.08, -0.07 -> d = 0.03, 0.08, 0.13, 0.12
-    expected = 0.03**2 / (2 * eta) + (0.08 - eta / 2) + (0.13 - eta / 2) + (0.12 - eta / 2)
+    # step 0: one side (h = 2), samples at s = 1/8..4/8 of the 0.4 m segment: x = 0.23, 0.28,
+    # 0.33, 0.38 with sd = 0.02, -0.03, -0.08, -0.07 -> d = 0.03, 0.08, 0.13, 0.12; trapezoid
+    # weights 1/8 (x = 0.18, cost 0), 1/4, 1/4, 1/4, 1/8
+    expected = (0.03**2 / (2 * eta) + (0.08 - eta / 2) + (0.13 - eta / 2)) / 4 + (0.12 - eta / 2) / 8
     np.testing.assert_allclose(c[0, 0, 0], expected, rtol=1e-9)
-    # step 1 starts outside at x = 0.58 (sd 0.13, clearance 0.08) and sweeps back towards 0.38:
-    # samples at x = 0.50 (sd 0.05), 0.45 (on the face), 0.40 (sd -0.05), 0.38 (sd -0.07)
-    expected1 = 0.0 + eta**2 / (2 * eta) + (0.1 - eta / 2) + (0.12 - eta / 2)
-    np.testing.assert_allclose(c[0, 1, 0], expected1, rtol=1e-6)
-    # with sweep_steps = 1 the single sample sits at the midpoint
+    # step 1 from x = 0.58 (sd 0.13): x = 0.53 (sd 0.08), 0.48 (0.03), 0.43 (-0.02), 0.38 (-0.07)
+    expected1 = (0.0 + 0.02**2 / (2 * eta) + (0.07 - eta / 2)) / 4 + (0.12 - eta / 2) / 8
+    np.testing.assert_allclose(c[0, 1, 0], expected1, rtol=1e-9)
+    # with sweep_steps = 1: p[t] and the midpoint, 1/2 each
     c1, _ = ref.swept_sphere_cost(s, envs, eta, 1.0, 1.0, sweep_steps=1)
-    np.testing.assert_allclose(c1[0, 0, 0], 0.07 + eta / 2, rtol=1e-9)
+    np.testing.assert_allclose(c1[0, :, 0], 0.5 * (0.12 - eta / 2), rtol=1e-9)
+
+
+def test_swept_weights_sum_to_one():
+    for k in (1, 2, 3, 4, 7):
+        for sides in (1, 2):
+            w_p, frac, w = ref.swept_weights(k, sides)
+            np.testing.assert_allclose(w_p + sides * w.sum(), 1.0, rtol=1e-12)
+            np.testing.assert_allclose(frac, np.arange(1, k + 1) / (2 * k))
+            assert w_p == 0.5 / k
+            assert w[-1] == (0.5 * w[0] if k > 1 else 0.5 / sides)
+    assert ref.swept_weights(0, 2)[0] == 1.0 and ref.swept_weights(3, 0)[0] == 1.0
+
+
+def test_swept_reference_gradient_is_its_derivative():
+    """The reference's own partials against its own central differences (float64)."""
+    rng = np.random.default_rng(7)
+    v, t = ref.icosphere(0.2, 2)
+    envs = [[ref.RefMesh(v, t)]]
+    ang = np.linspace(0.0, 0.6, 4)
+    s = np.zeros((1, 4, 1, 4))
+    s[0, :, 0, :3] = np.stack([0.24 * np.cos(ang), 0.24 * np.sin(ang), 0.01 * rng.normal(size=4)], axis=1)
+    s[..., 3] = 0.03
+    w = rng.uniform(-1, 1, size=(1, 4, 1))
+    cost, own, prev, nxt = ref.swept_sphere_partials(s, envs, 0.04, 1.0, 0.5, 3)
+    assert np.all(cost > 0)
+    grad = ref.swept_chain_rule(own, prev, nxt, w)
+    eps = 1e-6
+    for idx in np.ndindex(1, 4, 1, 3):
+        a, b = s.copy(), s.copy()
+        a[idx] += eps
+        b[idx] -= eps
+        fd = (np.sum(w * ref.swept_sphere_partials(a, envs, 0.04, 1.0, 0.5, 3)[0])
+              - np.sum(w * ref.swept_sphere_partials(b, envs, 0.04, 1.0, 0.5, 3)[0])) / (2 * eps)
+        np.testing.assert_allclose(grad[idx], fd, atol=1e-6)
 
 
 def test_speed_metric_formula():

@@ -49,8 +49,8 @@ class MpcConfig:
     noise_correlation: float = 0.6  # AR(1) coefficient of the noise along the horizon
     temperature: float = 1.0  # lambda of the sample weights exp(-(cost - min cost) / lambda)
     activation_distance: float = 0.15  # m: the cost starts this far from a surface
-    collision_weight: float = 400.0  # per unit of swept sphere cost
-    sweep_steps: int = 2  # extra samples per half segment (sphere tracing)
+    collision_weight: float = 1600.0  # per unit of swept sphere cost (a time-average per step)
+    sweep_steps: int = 2  # samples per half segment (free-space ones skipped)
     goal_weight: float = 1.0  # per m of distance to the goal, per second of horizon
     terminal_weight: float = 6.0  # per m of distance to the goal at the horizon end
     heading_weight: float = 0.4  # per (m/s)^2 of sideways velocity in the body frame, per s
@@ -119,8 +119,10 @@ class Mppi:
 
     def _collision_cost(self, spheres: torch.Tensor, compute_gradient: bool):
         res = self.collision(spheres.detach(), compute_gradient)
-        # Step 0 is the current pose, the same for every sample: leave it out of the sum.
-        per_sample = self.cfg.collision_weight * res.cost[:, 1:].sum(dim=(1, 2))
+        # Every step's slot counts, step 0 (the current pose) included: its slot reaches half-way
+        # to step 1, so it differs between samples, and the backend's gradient is that of the
+        # summed cost over all steps.
+        per_sample = self.cfg.collision_weight * res.cost.sum(dim=(1, 2))
         return per_sample, res
 
     # ------------------------------------------------------------------ planning
@@ -167,8 +169,9 @@ class Mppi:
         total = float((coll[0] + task[0]).detach())
         grad = None
         if compute_gradient:
-            # Chain rule: the server's d cost / d centre (1,h,n,3) enters as the upstream gradient
-            # of the sphere centres; step 0 (current pose) is excluded as in the cost.
+            # Chain rule: the server's d (summed cost) / d centre (1,h,n,3) enters as the upstream
+            # gradient of the sphere centres; step 0 (the current pose) does not depend on the
+            # controls.
             g = res.gradient.clone()
             g[:, 0] = 0.0
             upstream = torch.cat([self.cfg.collision_weight * g, torch.zeros_like(g[..., :1])], dim=-1)

@@ -343,7 +343,13 @@ class RemoteSphereCost(torch.autograd.Function):
 
 class RemoteSweptSphereCost(torch.autograd.Function):
     """``RemoteSweptSphereCost.apply(spheres, client, sweep_steps, speed_dt, enable_speed_metric,
-    activation_distance, weight, env_index)`` -> cost (b,h,n), differentiable w.r.t. spheres."""
+    activation_distance, weight, env_index)`` -> cost (b,h,n), differentiable w.r.t. spheres.
+
+    A swept step's cost depends on its neighbouring steps too, and the service returns only the
+    gradient of the summed cost per sphere; backward returns grad_output[..., None] * that
+    gradient, which is exact when grad_output is the same for every step of a trajectory (e.g.
+    ``cost.sum()``) and an approximation otherwise (use the in-process
+    ``world.swept_sphere_cost`` for exact per-step weights)."""
 
     @staticmethod
     def forward(ctx, spheres, client: SdfClient, sweep_steps: int = 4, speed_dt: float = 0.1,
