@@ -40,6 +40,12 @@ MIN_SPEED = wp.constant(1.0e-3)
 WINDING_ACCURACY = wp.constant(2.0)
 WINDING_THRESHOLD = wp.constant(0.5)
 SIGN_DATA_MAGIC = wp.constant(7.0e5)  # robot_sdf.mesh_analysis.SIGN_DATA_MAGIC
+# Direction of the ray that tells a deep point of a closed shell inside from outside (oblique so
+# that it rarely runs along an axis-aligned edge of a CAD mesh).
+INSIDE_RAY = wp.constant(wp.vec3(0.5773, 0.5774, 0.5775))
+# Barycentric margin below which a ray hit counts as on an edge (then the exact closest-feature
+# test decides).
+EDGE_MARGIN = wp.constant(1.0e-4)
 
 
 @wp.func_native("""return wp::mesh_query_winding_number(mesh, p, accuracy);""")
@@ -55,7 +61,7 @@ def sign_data_offset(mesh: wp.uint64) -> int:
     or -1 for a mesh built elsewhere (then Warp's own sign queries are used)."""
     m = wp.mesh_get(mesh)
     base = m.points.shape[0] + m.indices.shape[0]
-    if m.velocities.shape[0] != base + 3:
+    if m.velocities.shape[0] != base + 4:
         return -1
     if m.velocities[base + 2][0] != SIGN_DATA_MAGIC:
         return -1
@@ -216,18 +222,40 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
         if data >= 0:
             lo = m.velocities[data]
             hi = m.velocities[data + 1]
-            if p[0] < lo[0] or p[1] < lo[1] or p[2] < lo[2] or p[0] > hi[0] or p[1] > hi[1] or p[2] > hi[2]:
+            winding = m.velocities[data + 3]
+            if method == SIGN_WINDING_NUMBER and winding[1] == 0.0:
+                # Not a closed surface: its winding number may pass 0.5 outside the box.
+                if centre_dist > winding[0]:
+                    return found, sd, grad
+            elif p[0] < lo[0] or p[1] < lo[1] or p[2] < lo[2] or p[0] > hi[0] or p[1] > hi[1] or p[2] > hi[2]:
                 return found, sd, grad
         elif bounding_radius > 0.0 and centre_dist > bounding_radius:
             return found, sd, grad
         deep = True
+        search = UNBOUNDED
         if method == SIGN_WINDING_NUMBER:
             if winding_number(mesh, p, WINDING_ACCURACY) <= WINDING_THRESHOLD:
                 return found, sd, grad
             inside = -1.0
             hit = wp.mesh_query_point_no_sign(mesh, p, UNBOUNDED, face, u, v)
         elif pseudo:
-            hit = wp.mesh_query_point_no_sign(mesh, p, UNBOUNDED, face, u, v)
+            # Closed shell: the first surface a ray meets is entered from outside (front face)
+            # or left from inside (back face). A hit near an edge, where a ray may only graze,
+            # leaves it to the exact closest-feature test below.
+            t_hit = float(0.0)
+            bu = float(0.0)
+            bv = float(0.0)
+            ray_sign = float(0.0)
+            ray_n = wp.vec3(0.0, 0.0, 0.0)
+            ray_face = int(0)
+            if not wp.mesh_query_ray(mesh, p, INSIDE_RAY, UNBOUNDED, t_hit, bu, bv, ray_sign, ray_n, ray_face):
+                return found, sd, grad
+            if wp.min(wp.min(bu, bv), 1.0 - bu - bv) > EDGE_MARGIN:
+                if wp.dot(INSIDE_RAY, ray_n) <= 0.0:
+                    return found, sd, grad
+                # Inside: the closest surface point is no farther than the hit.
+                search = t_hit * 1.001 + 1.0e-6
+            hit = wp.mesh_query_point_no_sign(mesh, p, search, face, u, v)
         else:
             hit, inside, face, u, v = query_closest(mesh, p, UNBOUNDED, method)
         if not hit:

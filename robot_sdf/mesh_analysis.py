@@ -13,6 +13,14 @@ that holds nothing but the mesh id can reach it. Layout, for V vertices and T tr
     V + 3T          lower corner of the mesh's axis-aligned bounding box (kernel frame)
     V + 3T + 1      upper corner
     V + 3T + 2      (SIGN_DATA_MAGIC, winding-number support 0/1, the mesh's own sign method)
+    V + 3T + 3      (winding radius, 1 if the bounding box bounds the winding-number inside, 0)
+
+Inside test far from the surface: a closed surface (every edge used as often in one direction
+as in the other, any number of shells) has an integer winding number, 0 outside its bounding
+box, so no point outside the box is inside. Any other surface can have a winding number above
+0.5 outside its box (flipped faces, folds); |w| <= A / (4 pi (D - R)^2) at distance D from the
+centre of a surface of area A within radius R, so beyond the winding radius R + sqrt(A / (2 pi))
+no point is inside.
 
 Pseudo-normals follow Baerentzen & Aanaes (2005): for a closed, consistently oriented,
 non-self-intersecting surface, the sign of dot(p - c, n) with c the closest surface point and n
@@ -29,7 +37,8 @@ import warp as wp
 from robot_sdf.types import SignMethod
 
 SIGN_DATA_MAGIC = 7.0e5  # an exact float32 that no velocity array of an ordinary mesh holds there
-SIGN_DATA_EXTRA = 3  # entries after the vertex and edge normals
+SIGN_DATA_EXTRA = 4  # entries after the vertex and edge normals
+FLAT_RATIO = 1e-6  # 2 * area / longest edge^2 (= height / longest edge) of a flat triangle
 
 
 # ---------------------------------------------------------------------------------------- topology
@@ -64,6 +73,11 @@ def _edge_keys(welded_tri: np.ndarray, n_vertices: int) -> np.ndarray:
     return lo * np.int64(n_vertices) + hi
 
 
+def _scatter_add(index: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
+    """(size, 3) sums of the rows of ``values`` (N,3) grouped by ``index`` (N,)."""
+    return np.stack([np.bincount(index, weights=values[:, k], minlength=size) for k in range(3)], axis=1)
+
+
 def pseudo_normals(vertices: np.ndarray, triangles: np.ndarray, welded: np.ndarray | None = None):
     """Vertex pseudo-normals (V,3) and edge pseudo-normals (T,3,3), float64, unit or zero.
 
@@ -82,27 +96,52 @@ def pseudo_normals(vertices: np.ndarray, triangles: np.ndarray, welded: np.ndarr
         e1 = corners[:, (k + 1) % 3] - corners[:, k]
         e2 = corners[:, (k + 2) % 3] - corners[:, k]
         angles[:, k] = np.arctan2(np.linalg.norm(np.cross(e1, e2), axis=1), np.einsum("ij,ij->i", e1, e2))
-    vertex_sum = np.zeros((v64.shape[0], 3))
-    for k in range(3):
-        np.add.at(vertex_sum, wt[:, k], angles[:, k, None] * n_face)
+    weighted = (angles[:, :, None] * n_face[:, None, :]).reshape(-1, 3)
+    vertex_sum = _scatter_add(wt.reshape(-1), weighted, v64.shape[0])
     vertex_normals = _normalise_rows(vertex_sum)[w]
 
     keys = _edge_keys(wt, v64.shape[0]).reshape(-1)
     unique, inverse = np.unique(keys, return_inverse=True)
-    edge_sum = np.zeros((unique.shape[0], 3))
-    np.add.at(edge_sum, inverse.reshape(-1), np.repeat(n_face, 3, axis=0))
+    edge_sum = _scatter_add(inverse.reshape(-1), np.repeat(n_face, 3, axis=0), unique.shape[0])
     edge_normals = _normalise_rows(edge_sum)[inverse.reshape(-1)].reshape(-1, 3, 3)
     return vertex_normals, edge_normals
 
 
+def balanced_edges(triangles: np.ndarray, welded: np.ndarray) -> bool:
+    """True when every (welded) edge is used as often in one direction as in the other: the
+    surface is closed in the winding-number sense (integer winding number everywhere)."""
+    wt = welded[np.asarray(triangles, np.int64)]
+    n = np.int64(welded.shape[0])
+    a, b = wt.reshape(-1), np.roll(wt, -1, axis=1).reshape(-1)
+    keep = a != b
+    a, b = a[keep], b[keep]
+    key = np.minimum(a, b) * n + np.maximum(a, b)
+    direction = np.where(a < b, 1, -1)
+    uniq, inverse = np.unique(key, return_inverse=True)
+    balance = np.zeros(uniq.shape[0], np.int64)
+    np.add.at(balance, inverse.reshape(-1), direction)
+    return bool(np.all(balance == 0))
+
+
+def winding_radius(vertices: np.ndarray, triangles: np.ndarray) -> float:
+    """Distance from the kernel-frame origin beyond which the winding number is below 0.5."""
+    v64 = np.asarray(vertices, np.float64)
+    _, area2 = _face_normals(v64, np.asarray(triangles, np.int64))
+    radius = float(np.sqrt((v64 ** 2).sum(axis=1).max()))
+    return radius + float(np.sqrt(0.5 * area2.sum() / (2.0 * np.pi))) * 1.001 + 1e-6
+
+
 def sign_data(vertices: np.ndarray, triangles: np.ndarray, winding_number: bool, method: SignMethod,
               welded: np.ndarray | None = None) -> np.ndarray:
-    """The (V + 3T + 3, 3) float32 array described in the module docstring, for vertices given
+    """The (V + 3T + 4, 3) float32 array described in the module docstring, for vertices given
     in the kernel frame."""
-    vn, en = pseudo_normals(vertices, triangles, welded)
+    w = weld(vertices) if welded is None else welded
+    vn, en = pseudo_normals(vertices, triangles, w)
     v = np.asarray(vertices, np.float32)
+    box_bounds = balanced_edges(triangles, w)
     extra = np.array([v.min(axis=0), v.max(axis=0),
-                      [SIGN_DATA_MAGIC, 1.0 if winding_number else 0.0, float(int(method))]], np.float64)
+                      [SIGN_DATA_MAGIC, 1.0 if winding_number else 0.0, float(int(method))],
+                      [winding_radius(vertices, triangles), 1.0 if box_bounds else 0.0, 0.0]], np.float64)
     return np.ascontiguousarray(np.concatenate([vn, en.reshape(-1, 3), extra]), dtype=np.float32)
 
 
@@ -251,8 +290,13 @@ def classify(vertices: np.ndarray, triangles: np.ndarray, welded: np.ndarray | N
     wt = w[tri]
     repeated = (wt[:, 0] == wt[:, 1]) | (wt[:, 1] == wt[:, 2]) | (wt[:, 2] == wt[:, 0])
     _, area2 = _face_normals(v64, tri)
-    degenerate = int(np.count_nonzero(repeated | (area2 <= 0.0)))
-    good = wt[~repeated]
+    # Flat triangles (zero area, or collinear corners up to float32 rounding: height below 1e-6
+    # of the longest edge) have no surface: they neither open nor close the mesh.
+    corners = v64[tri]
+    longest2 = np.max(((corners - np.roll(corners, 1, axis=1)) ** 2).sum(axis=2), axis=1)
+    flat = repeated | (area2 <= FLAT_RATIO * longest2)
+    degenerate = int(np.count_nonzero(flat))
+    good = wt[~flat]
     n = np.int64(v64.shape[0])
     directed = np.stack([good, np.roll(good, -1, axis=1)], axis=-1).reshape(-1, 2)
     forward = directed[:, 0] * n + directed[:, 1]
