@@ -262,6 +262,22 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
             return found, sd, grad
 
     delta, dist, feature, face_n = refine_closest(mesh, p, face)
+    if data >= 0:
+        if m.velocities[data + 3][2] != 0.0:
+            # Slivers: Warp's float32 search may have picked a triangle farther than the closest
+            # one; every triangle nearer than the one found overlaps this box.
+            reach = wp.vec3(dist + 1.0e-6, dist + 1.0e-6, dist + 1.0e-6)
+            query = wp.mesh_query_aabb(mesh, p - reach, p + reach)
+            other = int(0)
+            while wp.mesh_query_aabb_next(query, other):
+                if other != face:
+                    d2, l2, f2, n2 = refine_closest(mesh, p, other)
+                    if l2 < dist:
+                        delta = d2
+                        dist = l2
+                        feature = f2
+                        face_n = n2
+                        face = other
     outward = face_n
     if pseudo:
         outward = feature_normal(mesh, face, feature, face_n)

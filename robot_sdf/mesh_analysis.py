@@ -13,7 +13,8 @@ that holds nothing but the mesh id can reach it. Layout, for V vertices and T tr
     V + 3T          lower corner of the mesh's axis-aligned bounding box (kernel frame)
     V + 3T + 1      upper corner
     V + 3T + 2      (SIGN_DATA_MAGIC, winding-number support 0/1, the mesh's own sign method)
-    V + 3T + 3      (winding radius, 1 if the bounding box bounds the winding-number inside, 0)
+    V + 3T + 3      (winding radius, 1 if the bounding box bounds the winding-number inside,
+                     1 if the mesh has slivers: closest points are then re-searched in float64)
 
 Inside test far from the surface: a closed surface (every edge used as often in one direction
 as in the other, any number of shells) has an integer winding number, 0 outside its bounding
@@ -38,6 +39,9 @@ from robot_sdf.types import SignMethod
 
 SIGN_DATA_MAGIC = 7.0e5  # an exact float32 that no velocity array of an ordinary mesh holds there
 SIGN_DATA_EXTRA = 4  # entries after the vertex and edge normals
+# Longest edge / height above which a triangle is a sliver: Warp's float32 closest-point search
+# may then pick a triangle up to ~1e-4 m farther than the closest one.
+SLIVER_ASPECT = 20.0
 FLAT_RATIO = 1e-6  # 2 * area / longest edge^2 (= height / longest edge) of a flat triangle
 
 
@@ -123,6 +127,16 @@ def balanced_edges(triangles: np.ndarray, welded: np.ndarray) -> bool:
     return bool(np.all(balance == 0))
 
 
+def has_slivers(vertices: np.ndarray, triangles: np.ndarray) -> bool:
+    """Any non-flat triangle with longest edge / height above SLIVER_ASPECT."""
+    corners = np.asarray(vertices, np.float64)[np.asarray(triangles, np.int64)]
+    longest2 = np.max(((corners - np.roll(corners, 1, axis=1)) ** 2).sum(axis=2), axis=1)
+    area2 = np.linalg.norm(np.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0]), axis=1)
+    real = area2 > FLAT_RATIO * longest2
+    # height = area2 / longest; aspect = longest / height = longest^2 / area2
+    return bool(np.any(longest2[real] > SLIVER_ASPECT * area2[real]))
+
+
 def winding_radius(vertices: np.ndarray, triangles: np.ndarray) -> float:
     """Distance from the kernel-frame origin beyond which the winding number is below 0.5."""
     v64 = np.asarray(vertices, np.float64)
@@ -141,7 +155,8 @@ def sign_data(vertices: np.ndarray, triangles: np.ndarray, winding_number: bool,
     box_bounds = balanced_edges(triangles, w)
     extra = np.array([v.min(axis=0), v.max(axis=0),
                       [SIGN_DATA_MAGIC, 1.0 if winding_number else 0.0, float(int(method))],
-                      [winding_radius(vertices, triangles), 1.0 if box_bounds else 0.0, 0.0]], np.float64)
+                      [winding_radius(vertices, triangles), 1.0 if box_bounds else 0.0,
+                       1.0 if has_slivers(vertices, triangles) else 0.0]], np.float64)
     return np.ascontiguousarray(np.concatenate([vn, en.reshape(-1, 3), extra]), dtype=np.float32)
 
 
