@@ -9,7 +9,9 @@ Everything runs in this process on ``device`` ("cpu" or "cuda[:N]"). Tables:
    wp.mesh_query_point_no_sign, nothing else) with the cost's bound and with max_dist only, on the
    cost's threading and on one thread, and Open3D RaycastingScene.compute_signed_distance;
 2. sphere-count scaling (fwd+bwd), 3. triangle-count scaling (BVH build, refit, world.add_mesh,
-   fwd+bwd), 4. the MPPI batch 400 x 30 x 52, 5. the four sign methods (fwd).
+   fwd+bwd), 4. the MPPI batch 400 x 30 x 52, 5. the four sign methods (fwd), 6. free-space spheres
+   around a world-frame perception scan (open height field, auto -> winding_number) against the
+   floor.
 """
 from __future__ import annotations
 
@@ -396,9 +398,42 @@ def sign_methods(b: Bench) -> None:
         f"{m.name.lower()} {100 * float(np.mean(s == ref)):.3f} %" for m, s in signs.items() if m != SignMethod.NORMAL))
 
 
+def perception_free_space(b: Bench) -> None:
+    """Spheres in free space around a scan given in world coordinates: most are far from it
+    (no surface within the bound), many inside its bounding sphere and box. They must not pay
+    an unbounded inside test each."""
+    section(f"Free-space spheres around a world-frame perception scan on {b.device} (fwd+bwd)")
+    scan = scenes.perception_mesh()
+    world = build_world([scan], b.device, SignMethod.AUTO)
+    method = world.mesh_info("scan")["sign_method"]
+    n = 5_000 if b.quick else 100_000
+    pts = scenes.workspace_points(4 * n)
+    spheres = np.concatenate([pts, np.full((len(pts), 1), scenes.SPHERE_RADIUS)], 1).astype(np.float32)
+    # Keep free-space spheres: no surface within r + eta (floor kernel) and not under the scan.
+    probe = FloorRunner(CostRunner(world, spheres))
+    probe.threaded(False)
+    clear = probe.out_t.cpu().numpy() >= scenes.SPHERE_RADIUS + scenes.ACTIVATION
+    over = (pts[:, 0] > 0.4) & (pts[:, 0] < 1.6) & (np.abs(pts[:, 1]) < 0.45) & (pts[:, 2] < 1.0)
+    spheres = spheres[clear & ~over][:n]
+    runner = CostRunner(world, spheres)
+    floor = FloorRunner(runner)
+    res = b.timed({"SdfMeshWarpPy fwd+bwd": runner.forward_backward, "floor, bound max_dist+r+eta": floor.threaded})
+    centre = np.asarray(world.mesh_info("scan")["bounding_centre"])
+    radius = world.mesh_info("scan")["bounding_radius"]
+    in_sphere = float(np.mean(np.linalg.norm(spheres[:, :3] - centre, axis=1) < radius + scenes.MAX_DIST))
+    emit(f"{len(scan.triangles):,} triangles (open height field in world coordinates, sign method auto -> {method}); "
+         f"{len(spheres):,} spheres r = {scenes.SPHERE_RADIUS} m with no surface within r + eta; "
+         f"{100 * in_sphere:.0f} % of them within max_dist of its bounding sphere.")
+    rows = [_row(k, st, len(spheres)) for k, st in res.items()]
+    emit(table(["case", "spheres", "median ms (p25-p75)", "throughput", "note"], rows))
+    runner.forward()
+    emit(f"cost fwd+bwd / floor: {res['SdfMeshWarpPy fwd+bwd'].median / res['floor, bound max_dist+r+eta'].median:.2f}"
+         f"; spheres with cost > 0: {int((runner.cost > 0).sum())}")
+
+
 def run(device: str = "cpu", quick: bool = False) -> None:
     """Print every core table."""
     b = Bench(device, quick)
-    for part in (standard_table, sphere_scaling, triangle_scaling, mppi_batch, sign_methods):
+    for part in (standard_table, sphere_scaling, triangle_scaling, mppi_batch, sign_methods, perception_free_space):
         part(b)
         emit(f"\n(load average after this table: {load_average()})")

@@ -46,6 +46,8 @@ INSIDE_RAY = wp.constant(wp.vec3(0.5773, 0.5774, 0.5775))
 # Barycentric margin below which a ray hit counts as on an edge (then the exact closest-feature
 # test decides).
 EDGE_MARGIN = wp.constant(1.0e-4)
+# On meshes with slivers, points closer than this (m) re-search the closest triangle in float64.
+SLIVER_REACH = wp.constant(0.02)
 
 
 @wp.func_native("""return wp::mesh_query_winding_number(mesh, p, accuracy);""")
@@ -262,10 +264,11 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
             return found, sd, grad
 
     delta, dist, feature, face_n = refine_closest(mesh, p, face)
-    if data >= 0:
+    if data >= 0 and dist < SLIVER_REACH:
         if m.velocities[data + 3][2] != 0.0:
             # Slivers: Warp's float32 search may have picked a triangle farther than the closest
-            # one; every triangle nearer than the one found overlaps this box.
+            # one; every triangle nearer than the one found overlaps this box. Farther out the
+            # box would hold too many triangles, and a wrong pick moves the direction less.
             reach = wp.vec3(dist + 1.0e-6, dist + 1.0e-6, dist + 1.0e-6)
             query = wp.mesh_query_aabb(mesh, p - reach, p + reach)
             other = int(0)
