@@ -46,7 +46,8 @@ INSIDE_RAY = wp.constant(wp.vec3(0.5773, 0.5774, 0.5775))
 # Barycentric margin below which a ray hit counts as on an edge (then the exact closest-feature
 # test decides).
 EDGE_MARGIN = wp.constant(1.0e-4)
-# On meshes with slivers, points closer than this (m) re-search the closest triangle in float64.
+# On meshes with slivers, inside points and points closer than this (m) re-search the closest
+# triangle in float64.
 SLIVER_REACH = wp.constant(0.02)
 
 
@@ -264,14 +265,20 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
             return found, sd, grad
 
     delta, dist, feature, face_n = refine_closest(mesh, p, face)
-    if data >= 0 and dist < SLIVER_REACH:
+    outward = face_n
+    if pseudo:
+        outward = feature_normal(mesh, face, feature, face_n)
+        inside = wp.where(wp.dot(delta, outward) < 0.0, -1.0, 1.0)
+    if data >= 0 and (dist < SLIVER_REACH or inside < 0.0):
         if m.velocities[data + 3][2] != 0.0:
             # Slivers: Warp's float32 search may have picked a triangle farther than the closest
-            # one; every triangle nearer than the one found overlaps this box. Farther out the
-            # box would hold too many triangles, and a wrong pick moves the direction less.
+            # one; every triangle nearer than the one found overlaps this box. Outside and
+            # farther than SLIVER_REACH the box would hold too many triangles for a free-space
+            # query (and a wrong pick moves the direction less); inside points pay anyway.
             reach = wp.vec3(dist + 1.0e-6, dist + 1.0e-6, dist + 1.0e-6)
             query = wp.mesh_query_aabb(mesh, p - reach, p + reach)
             other = int(0)
+            improved = bool(False)
             while wp.mesh_query_aabb_next(query, other):
                 if other != face:
                     d2, l2, f2, n2 = refine_closest(mesh, p, other)
@@ -281,10 +288,12 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
                         feature = f2
                         face_n = n2
                         face = other
-    outward = face_n
-    if pseudo:
-        outward = feature_normal(mesh, face, feature, face_n)
-        inside = wp.where(wp.dot(delta, outward) < 0.0, -1.0, 1.0)
+                        improved = True
+            if improved:
+                outward = face_n
+                if pseudo:
+                    outward = feature_normal(mesh, face, feature, face_n)
+                    inside = wp.where(wp.dot(delta, outward) < 0.0, -1.0, 1.0)
     if deep and inside >= 0.0:
         return found, sd, grad
     sign = wp.where(inside < 0.0, -1.0, 1.0)

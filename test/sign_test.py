@@ -234,14 +234,15 @@ def _surface_samples(v, t, count, rng):
 @pytest.mark.parametrize("pose", [None, (1.5, -0.7, 0.9, 0.9238795, 0.0, 0.3826834, 0.0)])
 def test_sliver_accuracy(pose, device):
     """Distance within 1e-6 m and direction within 0.5 degrees at 0.1 mm and more from a mesh of
-    300:1 slivers."""
+    300:1 slivers, outside (up to 1 cm) and inside (any depth), also with a world pose."""
     v, t = corpus.sliver_box()
     rng = np.random.default_rng(5)
     base = _surface_samples(v, t, 300, rng)
     direction = rng.normal(size=base.shape)
     direction /= np.linalg.norm(direction, axis=1, keepdims=True)
     offsets = np.repeat([1e-4, 3e-4, 1e-3, 1e-2], len(base) // 4)[:, None]
-    pts = base + direction * offsets
+    deep = rng.uniform([-0.29, -0.09, -0.045], [0.29, 0.09, 0.045], size=(100, 3))  # inside, up to 5 cm deep
+    pts = np.concatenate([base + direction * offsets, deep])
     sd_ref, g_ref, _ = ref.signed_distance(pts, v, t)
     keep = np.abs(sd_ref) >= 1e-4
     world_pts = ref.transform_points(np.asarray(pose), pts) if pose is not None else pts
