@@ -6,7 +6,10 @@ uninitialised buffers. Gradients are analytic, so no Warp adjoint code is genera
 Layout (flattened from the torch tensors of design.md section 3):
     spheres      (N,) vec4    x, y, z, radius in the world frame; N = b * h * n
     mesh_idx     (E, M) int64 Warp mesh ids
-    pose_inv     (E, M, 8)    world->mesh x, y, z, qw, qx, qy, qz, bounding radius (0 = unknown)
+    pose_inv     (E, M, 8)    world->mesh x, y, z, qw, qx, qy, qz, cull radius (0 = unknown): no
+                              surface and no inside point farther than it from the mesh origin
+    sign_method, slot_sign    a SignMethod for every slot, AUTO (each mesh's own, from its sign
+                              data), or PER_SLOT: read slot_sign (E, M) uint8
     mesh_enable  (E, M) uint8
     n_env_mesh   (E,) int32
     env_query    (B,) int32   environment per batch row (read only when use_env_query != 0)
