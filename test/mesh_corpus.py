@@ -90,6 +90,15 @@ def concave_vertex():
     return v, t
 
 
+def self_intersecting_shell():
+    """One closed, consistently wound shell folded through itself: a cube's corner pulled
+    through the opposite face (its three faces cross that face)."""
+    v, t = ref.box((0.2, 0.2, 0.2))
+    v = v.copy()
+    v[7] = (-0.2, 0.05, 0.05)
+    return v, t
+
+
 def sliver_box(length: float = 0.6, width: float = 0.002):
     """A closed 0.6 x 0.2 x 0.1 m box whose long faces are strips of length x width slivers
     (aspect ratio 300:1)."""
@@ -221,6 +230,8 @@ CORPUS = [
     Case("hollow_shell", hollow_shell, "winding_number", ALL, "the cavity is outside"),
     Case("duplicated_faces", duplicated_faces, "winding_number", ("normal", "winding_number"),
          "every face twice: ray parity counts two crossings"),
+    Case("self_intersecting_shell", self_intersecting_shell, "winding_number", ("winding_number",),
+         "one shell folded through itself"),
     Case("thin_ridge", thin_ridge, "normal", ALL, "2 degree knife edge"),
     Case("concave_vertex", concave_vertex, "normal", ALL),
     Case("sliver_box", sliver_box, "normal", ALL, "aspect ratio 300:1"),

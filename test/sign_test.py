@@ -43,6 +43,10 @@ def test_auto_chooses_as_expected(case):
     assert info["sign_method"] == case.auto, info["auto"]["reason"]
     assert world.mesh_sign_method("m") == SignMethod[case.auto.upper()]
     assert int(world.snapshot().sign_methods[0, 0]) == int(SignMethod[case.auto.upper()])
+    if case.name == "self_intersecting_shell":
+        auto = info["auto"]
+        assert auto["closed"] and auto["consistently_oriented"] and auto["shells"] == 1
+        assert auto["self_intersections"] > 0
 
 
 @pytest.mark.parametrize("case", corpus.CORPUS, ids=lambda c: c.name)
@@ -63,7 +67,8 @@ def test_exact_methods_match_the_winding_number(case, device):
 
 @pytest.mark.parametrize("case", [c for c in corpus.CORPUS if c.name in
                                   ("overlapping_boxes", "nested_shells", "open_cup", "touching_boxes",
-                                   "flipped_faces", "thin_ridge", "concave_vertex")], ids=lambda c: c.name)
+                                   "flipped_faces", "thin_ridge", "concave_vertex", "self_intersecting_shell")],
+                         ids=lambda c: c.name)
 def test_deep_centres_pay_for_any_max_dist(case):
     """No sphere whose centre is inside costs 0, whatever max_dist, and its cost is the
     reference's (overlapping bodies, nested shells, open and inconsistent meshes)."""
