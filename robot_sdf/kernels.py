@@ -67,7 +67,7 @@ def sign_data_offset(mesh: wp.uint64) -> int:
     or -1 for a mesh built elsewhere (then Warp's own sign queries are used)."""
     m = wp.mesh_get(mesh)
     base = m.points.shape[0] + m.indices.shape[0]
-    if m.velocities.shape[0] != base + 4:
+    if m.velocities.shape[0] != base + 5:
         return -1
     if m.velocities[base + 2][0] != SIGN_DATA_MAGIC:
         return -1
@@ -230,8 +230,14 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
             hi = m.velocities[data + 1]
             winding = m.velocities[data + 3]
             if method == SIGN_WINDING_NUMBER and winding[1] == 0.0:
-                # Not a closed surface: its winding number may pass 0.5 outside the box.
+                # Not a closed surface: its winding number may pass 0.5 outside the box, but
+                # |w| <= A / (4 pi d^2) with d the distance to the surface, which is at least
+                # the search bound and at least the distance to the box.
                 if centre_dist > winding[0]:
+                    return found, sd, grad
+                box_gap = wp.length(wp.max(wp.max(lo - p, p - hi), wp.vec3(0.0, 0.0, 0.0)))
+                far = wp.max(bound, box_gap)
+                if m.velocities[data + 4][0] < 2.0 * wp.pi * far * far:
                     return found, sd, grad
             elif p[0] < lo[0] or p[1] < lo[1] or p[2] < lo[2] or p[0] > hi[0] or p[1] > hi[1] or p[2] > hi[2]:
                 return found, sd, grad

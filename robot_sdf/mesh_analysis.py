@@ -15,13 +15,15 @@ that holds nothing but the mesh id can reach it. Layout, for V vertices and T tr
     V + 3T + 2      (SIGN_DATA_MAGIC, winding-number support 0/1, the mesh's own sign method)
     V + 3T + 3      (winding radius, 1 if the bounding box bounds the winding-number inside,
                      1 if the mesh has slivers: closest points are then re-searched in float64)
+    V + 3T + 4      (total area A, 0, 0)
 
 Inside test far from the surface: a closed surface (every edge used as often in one direction
 as in the other, any number of shells) has an integer winding number, 0 outside its bounding
 box, so no point outside the box is inside. Any other surface can have a winding number above
 0.5 outside its box (flipped faces, folds); |w| <= A / (4 pi (D - R)^2) at distance D from the
 centre of a surface of area A within radius R, so beyond the winding radius R + sqrt(A / (2 pi))
-no point is inside.
+no point is inside; likewise |w| <= A / (4 pi d^2) at distance d from the surface (or from its
+bounding box), so a point farther than sqrt(A / (2 pi)) from the box is outside.
 
 Pseudo-normals follow Baerentzen & Aanaes (2005): for a closed, consistently oriented,
 non-self-intersecting surface, the sign of dot(p - c, n) with c the closest surface point and n
@@ -38,7 +40,7 @@ import warp as wp
 from robot_sdf.types import SignMethod
 
 SIGN_DATA_MAGIC = 7.0e5  # an exact float32 that no velocity array of an ordinary mesh holds there
-SIGN_DATA_EXTRA = 4  # entries after the vertex and edge normals
+SIGN_DATA_EXTRA = 5  # entries after the vertex and edge normals
 # Longest edge / height above which a triangle is a sliver: Warp's float32 closest-point search
 # may then pick a triangle up to ~1e-4 m farther than the closest one.
 SLIVER_ASPECT = 20.0
@@ -137,6 +139,11 @@ def has_slivers(vertices: np.ndarray, triangles: np.ndarray) -> bool:
     return bool(np.any(longest2[real] > SLIVER_ASPECT * area2[real]))
 
 
+def surface_area(vertices: np.ndarray, triangles: np.ndarray) -> float:
+    _, area2 = _face_normals(np.asarray(vertices, np.float64), np.asarray(triangles, np.int64))
+    return float(0.5 * area2.sum())
+
+
 def winding_radius(vertices: np.ndarray, triangles: np.ndarray) -> float:
     """Distance from the kernel-frame origin beyond which the winding number is below 0.5."""
     v64 = np.asarray(vertices, np.float64)
@@ -147,7 +154,7 @@ def winding_radius(vertices: np.ndarray, triangles: np.ndarray) -> float:
 
 def sign_data(vertices: np.ndarray, triangles: np.ndarray, winding_number: bool, method: SignMethod,
               welded: np.ndarray | None = None) -> np.ndarray:
-    """The (V + 3T + 4, 3) float32 array described in the module docstring, for vertices given
+    """The (V + 3T + 5, 3) float32 array described in the module docstring, for vertices given
     in the kernel frame."""
     w = weld(vertices) if welded is None else welded
     vn, en = pseudo_normals(vertices, triangles, w)
@@ -156,7 +163,8 @@ def sign_data(vertices: np.ndarray, triangles: np.ndarray, winding_number: bool,
     extra = np.array([v.min(axis=0), v.max(axis=0),
                       [SIGN_DATA_MAGIC, 1.0 if winding_number else 0.0, float(int(method))],
                       [winding_radius(vertices, triangles), 1.0 if box_bounds else 0.0,
-                       1.0 if has_slivers(vertices, triangles) else 0.0]], np.float64)
+                       1.0 if has_slivers(vertices, triangles) else 0.0],
+                      [surface_area(vertices, triangles), 0.0, 0.0]], np.float64)
     return np.ascontiguousarray(np.concatenate([vn, en.reshape(-1, 3), extra]), dtype=np.float32)
 
 

@@ -93,11 +93,11 @@ class _Geometry:
                       self.classification.seconds)
         self.method = method
         self.winding_number = method == SignMethod.WINDING_NUMBER
-        data[-2, 1:] = (1.0 if self.winding_number else 0.0, float(int(method)))
+        data[-3, 1:] = (1.0 if self.winding_number else 0.0, float(int(method)))
         # Kernels skip the mesh beyond this radius (+ the search bound): no surface is there and
         # no inside point (for winding_number on a surface that is not closed, that reaches
         # out to the winding radius).
-        self.cull_radius = max(self.radius, float(data[-1, 0]) if data[-1, 1] == 0.0 else 0.0)
+        self.cull_radius = max(self.radius, float(data[-2, 0]) if data[-2, 1] == 0.0 else 0.0)
         self.velocities.assign(wp.array(data, dtype=wp.vec3, device=wdev))
         if mesh is None or self.winding_number:
             mesh = wp.Mesh(points=self.points, indices=self.indices, velocities=self.velocities,
@@ -122,7 +122,7 @@ class _Geometry:
         self.vertices.setflags(write=False)
         self.radius = geometry.bounding_radius(centred)
         data = self.velocities.numpy()
-        self.cull_radius = max(self.radius, float(data[-1, 0]) if data[-1, 1] == 0.0 else 0.0)
+        self.cull_radius = max(self.radius, float(data[-2, 0]) if data[-2, 1] == 0.0 else 0.0)
 
     def info(self) -> dict:
         out = {"sign_method": self.method.name.lower(), "requested_sign_method": self.requested.name.lower(),
