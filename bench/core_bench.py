@@ -12,7 +12,9 @@ Everything runs in this process on ``device`` ("cpu" or "cuda[:N]"). Tables:
    fwd+bwd), 4. the MPPI batch 400 x 30 x 52, 5. the four sign methods (fwd), 6. the swept cost
    per sphere against the plain cost on the same trajectories (MPC-like rollouts mostly in free
    space, and the contact-heavy standard trajectories), with the number of cost evaluations per
-   sphere, side by side with the rule used before issue 8 (bench/legacy_swept.py).
+   sphere, side by side with the rule used before issue 8 (bench/legacy_swept.py), 7. free-space
+   spheres around a world-frame perception scan (open height field, auto -> winding_number)
+   against the floor.
 """
 from __future__ import annotations
 
@@ -28,8 +30,8 @@ from bench import Stats, emit, fmt_ms, fmt_rate, load_average, measure, section,
 from bench import scenes
 from bench.legacy_swept import legacy_swept_sphere_cost_kernel
 from robot_sdf import MeshWorld, SignMethod, kernels
-from robot_sdf.warp_primitives import (SdfMeshWarpPy, SweptSdfMeshWarpPy, _as_warp, _launch, launch_swept_sphere_cost,
-                                       warp_device)
+from robot_sdf.warp_primitives import (SdfMeshWarpPy, SweptSdfMeshWarpPy, _as_warp, _launch, _sign_arguments,
+                                       launch_swept_sphere_cost, warp_device)
 
 wp.set_module_options({"enable_backward": False})
 
@@ -164,7 +166,7 @@ class LegacySweptRunner:
         inputs = [_as_warp(r.spheres.view(-1, 4), dtype=wp.vec4), _as_warp(r.weight), _as_warp(r.eta),
                   _as_warp(r.max_dist), _as_warp(s.mesh_idx), _as_warp(s.mesh_pose_inverse),
                   _as_warp(s.mesh_enable), _as_warp(s.n_env_mesh), self.shape[1], self.shape[2], self.sweep_steps,
-                  int(s.sign_method)]
+                  *_sign_arguments(s.sign_method, s.mesh_idx, r.world.device)]
         outputs = [_as_warp(r.cost.view(-1)), _as_warp(r.grad.view(-1, 4), dtype=wp.vec4),
                    _as_warp(self.evaluations.view(-1))]
         _launch(legacy_swept_sphere_cost_kernel, r.count, inputs, outputs, r.world.device)
@@ -475,9 +477,43 @@ def swept_table(b: Bench) -> None:
                 "evaluations / sphere"], rows))
 
 
+def perception_free_space(b: Bench) -> None:
+    """Spheres in free space around a scan given in world coordinates: most are far from it
+    (no surface within the bound), many inside its bounding sphere and box. They must not pay
+    an unbounded inside test each."""
+    section(f"Free-space spheres around a world-frame perception scan on {b.device} (fwd+bwd)")
+    scan = scenes.perception_mesh()
+    world = build_world([scan], b.device, SignMethod.AUTO)
+    method = world.mesh_info("scan")["sign_method"]
+    n = 5_000 if b.quick else 100_000
+    pts = scenes.workspace_points(4 * n)
+    spheres = np.concatenate([pts, np.full((len(pts), 1), scenes.SPHERE_RADIUS)], 1).astype(np.float32)
+    # Keep free-space spheres: no surface within r + eta (floor kernel) and not under the scan.
+    probe = FloorRunner(CostRunner(world, spheres))
+    probe.threaded(False)
+    clear = probe.out_t.cpu().numpy() >= scenes.SPHERE_RADIUS + scenes.ACTIVATION
+    over = (pts[:, 0] > 0.4) & (pts[:, 0] < 1.6) & (np.abs(pts[:, 1]) < 0.45) & (pts[:, 2] < 1.0)
+    spheres = spheres[clear & ~over][:n]
+    runner = CostRunner(world, spheres)
+    floor = FloorRunner(runner)
+    res = b.timed({"SdfMeshWarpPy fwd+bwd": runner.forward_backward, "floor, bound max_dist+r+eta": floor.threaded})
+    centre = np.asarray(world.mesh_info("scan")["bounding_centre"])
+    radius = world.mesh_info("scan")["bounding_radius"]
+    in_sphere = float(np.mean(np.linalg.norm(spheres[:, :3] - centre, axis=1) < radius + scenes.MAX_DIST))
+    emit(f"{len(scan.triangles):,} triangles (open height field in world coordinates, sign method auto -> {method}); "
+         f"{len(spheres):,} spheres r = {scenes.SPHERE_RADIUS} m with no surface within r + eta; "
+         f"{100 * in_sphere:.0f} % of them within max_dist of its bounding sphere.")
+    rows = [_row(k, st, len(spheres)) for k, st in res.items()]
+    emit(table(["case", "spheres", "median ms (p25-p75)", "throughput", "note"], rows))
+    runner.forward()
+    emit(f"cost fwd+bwd / floor: {res['SdfMeshWarpPy fwd+bwd'].median / res['floor, bound max_dist+r+eta'].median:.2f}"
+         f"; spheres with cost > 0: {int((runner.cost > 0).sum())}")
+
+
 def run(device: str = "cpu", quick: bool = False) -> None:
     """Print every core table."""
     b = Bench(device, quick)
-    for part in (standard_table, sphere_scaling, triangle_scaling, mppi_batch, sign_methods, swept_table):
+    for part in (standard_table, sphere_scaling, triangle_scaling, mppi_batch, sign_methods, swept_table,
+                 perception_free_space):
         part(b)
         emit(f"\n(load average after this table: {load_average()})")

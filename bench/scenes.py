@@ -284,3 +284,29 @@ def mpc_rollouts(batch: int, horizon: int, spheres: int, seed: int = STANDARD_SE
     out[..., :3] = centres
     out[..., 3] = radius
     return out
+# ---------------------------------------------------------------------------- perception scene
+def perception_mesh(rows: int = 150, cols: int = 200, seed: int = STANDARD_SEED + 3) -> SceneMesh:
+    """A depth-camera-like scan of a table top with objects: an open height field of
+    2 * (rows-1) * (cols-1) triangles over 1.2 x 0.9 m, given in world coordinates (identity
+    pose, table at x in [0.4, 1.6], z about 0.7), as a perception pipeline publishes it."""
+    rng = np.random.default_rng(seed)
+    xs = np.linspace(0.4, 1.6, cols)
+    ys = np.linspace(-0.45, 0.45, rows)
+    gx, gy = np.meshgrid(xs, ys)
+    height = np.full(gx.shape, 0.7)
+    for _ in range(6):  # boxes and bumps standing on the table
+        cx, cy = rng.uniform(0.5, 1.5), rng.uniform(-0.35, 0.35)
+        sx, sy, h = rng.uniform(0.05, 0.15), rng.uniform(0.05, 0.15), rng.uniform(0.05, 0.3)
+        inside = (np.abs(gx - cx) < sx) & (np.abs(gy - cy) < sy)
+        height = np.where(inside, np.maximum(height, 0.7 + h), height)
+        height += 0.1 * h * np.exp(-((gx - cx) ** 2 + (gy - cy) ** 2) / (2 * 0.05 ** 2))
+    height += rng.normal(scale=0.002, size=height.shape)  # sensor noise
+    v = np.stack([gx, gy, height], -1).reshape(-1, 3).astype(np.float32)
+    t = _grid_quads(rows, cols)
+    return SceneMesh("scan", v, t, np.array([0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]))
+
+
+def workspace_points(count: int, seed: int = STANDARD_SEED + 4) -> np.ndarray:
+    """(count, 3) float64 points uniform in a robot's workspace around the perception scan."""
+    rng = np.random.default_rng(seed)
+    return rng.uniform([-0.2, -0.9, 0.0], [1.8, 0.9, 1.5], size=(count, 3))

@@ -82,7 +82,7 @@ def sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, env_index=
     cost, grad, sparsity = _buffers(s)
     with world.reading() as snap:
         return SdfMeshWarpPy.apply(s, cost, grad, sparsity, w, eta, snap.mesh_idx, snap.mesh_pose_inverse,
-                                   snap.mesh_enable, snap.n_env_mesh, max_d, env, False, False, snap.sign_method)
+                                   snap.mesh_enable, snap.n_env_mesh, max_d, env, False, False, snap.sign_methods)
 
 
 def swept_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, sweep_steps=4, speed_dt=0.1,
@@ -98,7 +98,7 @@ def swept_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, swee
     with world.reading() as snap:
         return SweptSdfMeshWarpPy.apply(s, cost, grad, sparsity, w, eta, dt, snap.mesh_idx,
                                         snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
-                                        int(sweep_steps), bool(enable_speed_metric), env, False, snap.sign_method)
+                                        int(sweep_steps), bool(enable_speed_metric), env, False, snap.sign_methods)
 
 
 def signed_distance(world, points, env=0, max_distance=None, return_revision=False):
@@ -122,9 +122,9 @@ def signed_distance(world, points, env=0, max_distance=None, return_revision=Fal
         args = (spheres, cost, grad, sparsity, w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable,
                 snap.n_env_mesh, max_d, env_index)
         if spheres.requires_grad:
-            dist = SdfMeshWarpPy.apply(*args, False, True, snap.sign_method)
+            dist = SdfMeshWarpPy.apply(*args, False, True, snap.sign_methods)
         else:
-            launch_sphere_cost(*args, compute_esdf=True, compute_grad=True, sign_method=snap.sign_method)
+            launch_sphere_cost(*args, compute_esdf=True, compute_grad=True, sign_method=snap.sign_methods)
             dist = cost
         revision = snap.revision
     result = (dist.reshape(-1), grad.detach().reshape(-1, 4)[:, :3])
@@ -149,7 +149,7 @@ def evaluate_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, e
     cost, grad, sparsity = _buffers(s)
     with world.reading() as snap:
         launch_sphere_cost(s, cost, grad, sparsity, w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable,
-                           snap.n_env_mesh, max_d, env, compute_grad=compute_gradient, sign_method=snap.sign_method)
+                           snap.n_env_mesh, max_d, env, compute_grad=compute_gradient, sign_method=snap.sign_methods)
         revision = snap.revision
     result = (cost, grad[..., :3] if compute_gradient else None)
     return result + (revision,) if return_revision else result
@@ -170,7 +170,7 @@ def evaluate_swept_sphere_cost(world, spheres, activation_distance=0.05, weight=
     with world.reading() as snap:
         launch_swept_sphere_cost(s, cost, grad, sparsity, w, eta, dt, snap.mesh_idx, snap.mesh_pose_inverse,
                                  snap.mesh_enable, snap.n_env_mesh, max_d, int(sweep_steps), bool(enable_speed_metric),
-                                 env, compute_grad=compute_gradient, sign_method=snap.sign_method)
+                                 env, compute_grad=compute_gradient, sign_method=snap.sign_methods)
         revision = snap.revision
     result = (cost, grad[..., :3] if compute_gradient else None)
     return result + (revision,) if return_revision else result

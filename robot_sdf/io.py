@@ -5,7 +5,9 @@ from pathlib import Path
 
 import numpy as np
 
-SUPPORTED_SUFFIXES = (".stl", ".obj", ".ply", ".glb", ".gltf", ".off")
+SUPPORTED_SUFFIXES = (".stl", ".obj", ".ply", ".glb", ".gltf", ".off", ".dae")
+_STL_HEADER = 84  # 80-byte header + uint32 triangle count
+_STL_RECORD = 50  # normal, 3 vertices (12 float32) + uint16 attribute
 
 
 def _as_arrays(mesh, what: str) -> tuple[np.ndarray, np.ndarray]:
@@ -16,11 +18,54 @@ def _as_arrays(mesh, what: str) -> tuple[np.ndarray, np.ndarray]:
     return v, t
 
 
-def load_mesh(path: str | Path, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """Read a triangle mesh file (STL, OBJ, PLY, GLB/glTF, OFF); scenes are flattened into one mesh.
+def _check_binary_stl(p: Path) -> None:
+    """Name a truncated binary STL as such (trimesh would report an empty or garbled mesh)."""
+    size = p.stat().st_size
+    with p.open("rb") as f:
+        head = f.read(_STL_HEADER)
+        if len(head) < _STL_HEADER:
+            if not head.lstrip().lower().startswith(b"solid"):
+                raise ValueError(f"{p}: truncated STL: {size} bytes, shorter than the 84-byte binary header")
+            return
+        rest = f.read(512)
+    count = int(np.frombuffer(head[80:84], dtype="<u4")[0])
+    expected = _STL_HEADER + _STL_RECORD * count
+    if size == expected:
+        return
+    # ASCII STL starts with "solid" and holds "facet" soon after; binary headers may start with
+    # "solid" too, hence the second look.
+    text = head + rest
+    if text.lstrip().lower().startswith(b"solid") and (b"facet" in text.lower() or b"endsolid" in text.lower()):
+        return
+    if size < expected:
+        whole = (size - _STL_HEADER) // _STL_RECORD
+        raise ValueError(f"{p}: truncated binary STL: the header announces {count} triangles "
+                         f"({expected} bytes) but the file has {size} bytes ({whole} whole triangles)")
 
-    ``scale`` multiplies the vertex coordinates (e.g. 0.001 for files in millimetres).
-    Raises ValueError when the file is missing, unreadable or holds no triangles.
+
+def _unit_metres(mesh) -> float:
+    """Length of the file's unit in metres where the format records it (COLLADA <unit meter=>;
+    trimesh keeps it as metadata "<x> * meters"), else 1."""
+    units = str(getattr(mesh, "metadata", {}).get("units", ""))
+    head, sep, tail = units.partition("*")
+    if sep and tail.strip() == "meters":
+        try:
+            value = float(head)
+        except ValueError:
+            return 1.0
+        if np.isfinite(value) and value > 0:
+            return value
+    return 1.0
+
+
+def load_mesh(path: str | Path, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Read a triangle mesh file (STL, OBJ, PLY, GLB/glTF, OFF, COLLADA .dae) into one mesh.
+
+    Scenes (several geometries, e.g. a COLLADA or glTF file with a node hierarchy) are flattened
+    with each node's transform applied, in the file's own frame. ``scale`` multiplies the vertex
+    coordinates (e.g. 0.001 for files in millimetres; a COLLADA file's <unit> is applied first).
+    Raises ValueError naming the file and the problem when it is missing, unreadable, truncated,
+    holds no triangles or non-finite (NaN, inf) coordinates.
     """
     import trimesh
 
@@ -31,13 +76,25 @@ def load_mesh(path: str | Path, scale: float = 1.0) -> tuple[np.ndarray, np.ndar
         raise ValueError(f"{p}: unsupported mesh format {p.suffix!r}; expected one of {', '.join(SUPPORTED_SUFFIXES)}")
     if not (np.isfinite(scale) and scale > 0):
         raise ValueError(f"{p}: scale must be positive, got {scale}")
+    if p.suffix.lower() == ".stl":
+        _check_binary_stl(p)
     try:
         loaded = trimesh.load(str(p), force="mesh", process=False)
+    except ImportError as exc:
+        raise ValueError(f"{p}: cannot read {p.suffix} files: {exc} (see requirements.txt)") from exc
     except Exception as exc:  # trimesh raises many types for corrupt files
-        raise ValueError(f"{p}: cannot read mesh: {exc}") from exc
+        raise ValueError(f"{p}: cannot read mesh: {type(exc).__name__}: {exc}") from exc
+    if isinstance(loaded, trimesh.Scene):
+        # force="mesh" returns an empty Scene when the file holds no triangle geometry.
+        raise ValueError(f"{p}: no triangle mesh in file")
     if not isinstance(loaded, trimesh.Trimesh):
         raise ValueError(f"{p}: no triangle mesh in file")
+    raw = np.asarray(loaded.vertices, dtype=np.float64)
+    if raw.size and not np.isfinite(raw).all():
+        bad = int(np.flatnonzero(~np.isfinite(raw).all(axis=1))[0])
+        raise ValueError(f"{p}: vertex {bad} is not finite ({raw[bad].tolist()}): NaN or inf in the file")
     v, t = _as_arrays(loaded, str(p))
+    scale = scale * _unit_metres(loaded)
     if scale != 1.0:
         v = v * np.float32(scale)
     return v, t

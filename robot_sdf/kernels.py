@@ -6,7 +6,10 @@ uninitialised buffers. Gradients are analytic, so no Warp adjoint code is genera
 Layout (flattened from the torch tensors of design.md section 3):
     spheres      (N,) vec4    x, y, z, radius in the world frame; N = b * h * n
     mesh_idx     (E, M) int64 Warp mesh ids
-    pose_inv     (E, M, 8)    world->mesh x, y, z, qw, qx, qy, qz, bounding radius (0 = unknown)
+    pose_inv     (E, M, 8)    world->mesh x, y, z, qw, qx, qy, qz, cull radius (0 = unknown): no
+                              surface and no inside point farther than it from the mesh origin
+    sign_method, slot_sign    a SignMethod for every slot, AUTO (each mesh's own, from its sign
+                              data), or PER_SLOT: read slot_sign (E, M) uint8
     mesh_enable  (E, M) uint8
     n_env_mesh   (E,) int32
     env_query    (B,) int32   environment per batch row (read only when use_env_query != 0)
@@ -25,28 +28,141 @@ SIGN_NORMAL = wp.constant(0)
 SIGN_DEFAULT = wp.constant(1)
 SIGN_WINDING_NUMBER = wp.constant(2)
 SIGN_PARITY = wp.constant(3)
+# Scalar sign_method values that defer to the meshes: AUTO = each mesh's own method as recorded
+# in its sign data (what `auto` chose, or the method it was built for); PER_SLOT = read the
+# (E, M) uint8 slot_sign array.
+SIGN_AUTO = wp.constant(4)
+SIGN_PER_SLOT = wp.constant(-1)
 
 # Search radius for the closest point of a centre known to be inside a mesh: unbounded in practice.
 UNBOUNDED = wp.constant(1.0e9)
-# Below this length the direction centre - closest point is meaningless; use the face normal.
+# Below this length the direction centre - closest point is meaningless; use the feature normal.
 DEGENERATE_LENGTH = wp.constant(1.0e-9)
-# Oblique direction so that a parity ray rarely grazes an axis-aligned edge of a CAD mesh.
-PARITY_RAY = wp.constant(wp.vec3(0.5773, 0.5774, 0.5775))
 MIN_SPEED = wp.constant(1.0e-3)
+# Warp's default accuracy of the fast winding number and the inside threshold of its sign.
+WINDING_ACCURACY = wp.constant(2.0)
+WINDING_THRESHOLD = wp.constant(0.5)
+SIGN_DATA_MAGIC = wp.constant(7.0e5)  # robot_sdf.mesh_analysis.SIGN_DATA_MAGIC
+# Direction of the ray that tells a deep point of a closed shell inside from outside (oblique so
+# that it rarely runs along an axis-aligned edge of a CAD mesh).
+INSIDE_RAY = wp.constant(wp.vec3(0.5773, 0.5774, 0.5775))
+# Barycentric margin below which a ray hit counts as on an edge (then the exact closest-feature
+# test decides).
+EDGE_MARGIN = wp.constant(1.0e-4)
+# On meshes with slivers, inside points and points closer than this (m) re-search the closest
+# triangle in float64.
+SLIVER_REACH = wp.constant(0.02)
+
+
+@wp.func_native("""return wp::mesh_query_winding_number(mesh, p, accuracy);""")
+def winding_number(mesh: wp.uint64, p: wp.vec3, accuracy: float) -> float:
+    """Warp's fast generalised winding number of p (the mesh must support winding numbers);
+    called directly so that an inside test far from the surface needs no closest-point search."""
+    ...
 
 
 @wp.func
-def face_normal(mesh: wp.uint64, face: int) -> wp.vec3:
+def sign_data_offset(mesh: wp.uint64) -> int:
+    """Index of the bounding box entry in robot_sdf's sign data (mesh_analysis module docstring),
+    or -1 for a mesh built elsewhere (then Warp's own sign queries are used)."""
     m = wp.mesh_get(mesh)
-    a = m.points[m.indices[face * 3 + 0]]
-    b = m.points[m.indices[face * 3 + 1]]
-    c = m.points[m.indices[face * 3 + 2]]
-    return wp.normalize(wp.cross(b - a, c - a))
+    base = m.points.shape[0] + m.indices.shape[0]
+    if m.velocities.shape[0] != base + 5:
+        return -1
+    if m.velocities[base + 2][0] != SIGN_DATA_MAGIC:
+        return -1
+    return base
+
+
+@wp.func
+def closest_on_segment(p: wp.vec3d, a: wp.vec3d, b: wp.vec3d) -> wp.vec3d:
+    ab = b - a
+    len2 = wp.dot(ab, ab)
+    t = wp.float64(0.0)
+    if len2 > wp.float64(0.0):
+        t = wp.clamp(wp.dot(p - a, ab) / len2, wp.float64(0.0), wp.float64(1.0))
+    return a + ab * t
+
+
+@wp.func
+def closest_on_triangle(p: wp.vec3d, b: wp.vec3d, c: wp.vec3d):
+    """Closest point of p on the triangle (0, b, c) (coordinates relative to its first corner)
+    and the feature holding it: 0 face, 1 edge 0-b, 2 edge b-c, 3 edge c-0, 4/5/6 corner 0/b/c.
+    Ericson's region test, in float64 so that slivers keep their accuracy."""
+    zero = wp.float64(0.0)
+    d1 = wp.dot(b, p)
+    d2 = wp.dot(c, p)
+    if d1 <= zero and d2 <= zero:
+        return wp.vec3d(zero, zero, zero), 4
+    bp = p - b
+    d3 = wp.dot(b, bp)
+    d4 = wp.dot(c, bp)
+    if d3 >= zero and d4 <= d3:
+        return b, 5
+    vc = d1 * d4 - d3 * d2
+    if vc <= zero and d1 >= zero and d3 <= zero:
+        return b * (d1 / (d1 - d3)), 1
+    cp = p - c
+    d5 = wp.dot(b, cp)
+    d6 = wp.dot(c, cp)
+    if d6 >= zero and d5 <= d6:
+        return c, 6
+    vb = d5 * d2 - d1 * d6
+    if vb <= zero and d2 >= zero and d6 <= zero:
+        return c * (d2 / (d2 - d6)), 3
+    va = d3 * d6 - d5 * d4
+    if va <= zero and (d4 - d3) >= zero and (d5 - d6) >= zero:
+        return b + (c - b) * ((d4 - d3) / ((d4 - d3) + (d5 - d6))), 2
+    denom = va + vb + vc
+    if denom <= zero:
+        # Zero-area triangle: its closest point lies on one of its edges.
+        best = closest_on_segment(p, wp.vec3d(zero, zero, zero), b)
+        feature = int(1)
+        e2 = closest_on_segment(p, b, c)
+        if wp.length_sq(p - e2) < wp.length_sq(p - best):
+            best = e2
+            feature = 2
+        e3 = closest_on_segment(p, c, wp.vec3d(zero, zero, zero))
+        if wp.length_sq(p - e3) < wp.length_sq(p - best):
+            best = e3
+            feature = 3
+        return best, feature
+    return b * (vb / denom) + c * (vc / denom), 0
+
+
+@wp.func
+def refine_closest(mesh: wp.uint64, p: wp.vec3, face: int):
+    """p - closest point on triangle ``face`` (float32 vector of a float64 difference), its length,
+    the feature holding the closest point and the face's unit normal."""
+    m = wp.mesh_get(mesh)
+    a = wp.vec3d(m.points[m.indices[face * 3 + 0]])
+    b = wp.vec3d(m.points[m.indices[face * 3 + 1]]) - a
+    c = wp.vec3d(m.points[m.indices[face * 3 + 2]]) - a
+    q = wp.vec3d(p) - a
+    closest, feature = closest_on_triangle(q, b, c)
+    delta = q - closest
+    normal = wp.cross(b, c)
+    area2 = wp.length(normal)
+    face_n = wp.vec3(0.0, 0.0, 0.0)
+    if area2 > wp.float64(0.0):
+        face_n = wp.vec3(normal / area2)
+    return wp.vec3(delta), float(wp.length(delta)), feature, face_n
+
+
+@wp.func
+def feature_normal(mesh: wp.uint64, face: int, feature: int, face_n: wp.vec3) -> wp.vec3:
+    """Angle-weighted pseudo-normal of a closest feature (mesh must carry sign data)."""
+    m = wp.mesh_get(mesh)
+    if feature == 0:
+        return face_n
+    if feature <= 3:
+        return m.velocities[m.points.shape[0] + face * 3 + feature - 1]
+    return m.velocities[m.indices[face * 3 + feature - 4]]
 
 
 @wp.func
 def query_closest(mesh: wp.uint64, p: wp.vec3, bound: float, sign_method: int):
-    """Closest point within ``bound`` with the sign of ``sign_method``: (hit, inside < 0, face, u, v)."""
+    """Warp's closest point within ``bound`` with the sign of ``sign_method``: (hit, inside < 0, face, u, v)."""
     inside = float(1.0)
     face = int(0)
     u = float(0.0)
@@ -69,7 +185,13 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
 
     Returns (found, sd, grad_sd): found = 0 when the point is outside and no surface is within
     ``bound``; otherwise sd < 0 inside and grad_sd = d sd / d p (unit, mesh frame). A point inside
-    the mesh is always found, however far it is from the surface.
+    the mesh is always found, however far it is from the surface: where nothing is within
+    ``bound`` and the point lies in the mesh's bounding box, the method's own inside test runs
+    without a bound (the fast winding number directly for winding_number).
+
+    The distance and its direction are re-evaluated in float64 on the triangle found, relative
+    to its first corner. With robot_sdf's sign data, ``normal`` is the angle-weighted pseudo-normal
+    of the closest feature (Baerentzen & Aanaes), exact wherever faces tie.
     """
     found = int(0)
     sd = float(0.0)
@@ -77,35 +199,119 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     centre_dist = wp.length(p)
     if bounding_radius > 0.0 and centre_dist > bounding_radius + bound:
         return found, sd, grad
+    m = wp.mesh_get(mesh)
+    data = sign_data_offset(mesh)
+    method = sign_method
+    if method == SIGN_AUTO or method < 0:
+        method = SIGN_NORMAL
+        if data >= 0:
+            method = int(m.velocities[data + 2][2])
+    if method == SIGN_WINDING_NUMBER and data >= 0:
+        if m.velocities[data + 2][1] == 0.0:
+            # Built without winding-number support (the host refuses such calls; never read it).
+            method = SIGN_NORMAL
+    pseudo = method == SIGN_NORMAL and data >= 0
 
-    hit, inside, face, u, v = query_closest(mesh, p, bound, sign_method)
+    inside = float(1.0)
+    face = int(0)
+    u = float(0.0)
+    v = float(0.0)
+    hit = bool(False)
+    if pseudo:
+        hit = wp.mesh_query_point_no_sign(mesh, p, bound, face, u, v)
+    else:
+        hit, inside, face, u, v = query_closest(mesh, p, bound, method)
+    deep = bool(False)
     if not hit:
-        # Nothing within bound: outside, unless the centre lies deep inside the mesh. That case
-        # must still pay its full cost, so look for it cheaply (crossing parity of two opposite
-        # rays; either odd = maybe inside, robust to one ray grazing a shared edge) and confirm
-        # with the world's own sign method searched without a bound, so that an open mesh is
-        # not called "inside" by parity alone.
-        if bounding_radius > 0.0 and centre_dist > bounding_radius:
-            return found, sd, grad
-        if sign_method != SIGN_WINDING_NUMBER:
-            forward = wp.mesh_query_ray_count_intersections(mesh, p, PARITY_RAY)
-            backward = wp.mesh_query_ray_count_intersections(mesh, p, -PARITY_RAY)
-            if forward % 2 == 0 and backward % 2 == 0:
+        # Nothing within bound: outside, unless the point is deep inside. Only a point in the
+        # mesh's bounding box can be; the method's own test decides, without a bound.
+        if data >= 0:
+            lo = m.velocities[data]
+            hi = m.velocities[data + 1]
+            winding = m.velocities[data + 3]
+            if method == SIGN_WINDING_NUMBER and winding[1] == 0.0:
+                # Not a closed surface: its winding number may pass 0.5 outside the box, but
+                # |w| <= A / (4 pi d^2) with d the distance to the surface, which is at least
+                # the search bound and at least the distance to the box.
+                if centre_dist > winding[0]:
+                    return found, sd, grad
+                box_gap = wp.length(wp.max(wp.max(lo - p, p - hi), wp.vec3(0.0, 0.0, 0.0)))
+                far = wp.max(bound, box_gap)
+                if m.velocities[data + 4][0] < 2.0 * wp.pi * far * far:
+                    return found, sd, grad
+            elif p[0] < lo[0] or p[1] < lo[1] or p[2] < lo[2] or p[0] > hi[0] or p[1] > hi[1] or p[2] > hi[2]:
                 return found, sd, grad
-        hit, inside, face, u, v = query_closest(mesh, p, UNBOUNDED, sign_method)
-        if not hit or inside >= 0.0:
+        elif bounding_radius > 0.0 and centre_dist > bounding_radius:
+            return found, sd, grad
+        deep = True
+        search = UNBOUNDED
+        if method == SIGN_WINDING_NUMBER:
+            if winding_number(mesh, p, WINDING_ACCURACY) <= WINDING_THRESHOLD:
+                return found, sd, grad
+            inside = -1.0
+            hit = wp.mesh_query_point_no_sign(mesh, p, UNBOUNDED, face, u, v)
+        elif pseudo:
+            # Closed shell: the first surface a ray meets is entered from outside (front face)
+            # or left from inside (back face). A hit near an edge, where a ray may only graze,
+            # leaves it to the exact closest-feature test below.
+            t_hit = float(0.0)
+            bu = float(0.0)
+            bv = float(0.0)
+            ray_sign = float(0.0)
+            ray_n = wp.vec3(0.0, 0.0, 0.0)
+            ray_face = int(0)
+            if not wp.mesh_query_ray(mesh, p, INSIDE_RAY, UNBOUNDED, t_hit, bu, bv, ray_sign, ray_n, ray_face):
+                return found, sd, grad
+            if wp.min(wp.min(bu, bv), 1.0 - bu - bv) > EDGE_MARGIN:
+                if wp.dot(INSIDE_RAY, ray_n) <= 0.0:
+                    return found, sd, grad
+                # Inside: the closest surface point is no farther than the hit.
+                search = t_hit * 1.001 + 1.0e-6
+            hit = wp.mesh_query_point_no_sign(mesh, p, search, face, u, v)
+        else:
+            hit, inside, face, u, v = query_closest(mesh, p, UNBOUNDED, method)
+        if not hit:
             return found, sd, grad
 
-    closest = wp.mesh_eval_position(mesh, face, u, v)
-    delta = p - closest
-    dist = wp.length(delta)
+    delta, dist, feature, face_n = refine_closest(mesh, p, face)
+    outward = face_n
+    if pseudo:
+        outward = feature_normal(mesh, face, feature, face_n)
+        inside = wp.where(wp.dot(delta, outward) < 0.0, -1.0, 1.0)
+    if data >= 0 and (dist < SLIVER_REACH or inside < 0.0):
+        if m.velocities[data + 3][2] != 0.0:
+            # Slivers: Warp's float32 search may have picked a triangle farther than the closest
+            # one; every triangle nearer than the one found overlaps this box. Outside and
+            # farther than SLIVER_REACH the box would hold too many triangles for a free-space
+            # query (and a wrong pick moves the direction less); inside points pay anyway.
+            reach = wp.vec3(dist + 1.0e-6, dist + 1.0e-6, dist + 1.0e-6)
+            query = wp.mesh_query_aabb(mesh, p - reach, p + reach)
+            other = int(0)
+            improved = bool(False)
+            while wp.mesh_query_aabb_next(query, other):
+                if other != face:
+                    d2, l2, f2, n2 = refine_closest(mesh, p, other)
+                    if l2 < dist:
+                        delta = d2
+                        dist = l2
+                        feature = f2
+                        face_n = n2
+                        face = other
+                        improved = True
+            if improved:
+                outward = face_n
+                if pseudo:
+                    outward = feature_normal(mesh, face, feature, face_n)
+                    inside = wp.where(wp.dot(delta, outward) < 0.0, -1.0, 1.0)
+    if deep and inside >= 0.0:
+        return found, sd, grad
     sign = wp.where(inside < 0.0, -1.0, 1.0)
     found = 1
     sd = sign * dist
     if dist > DEGENERATE_LENGTH:
         grad = delta * (sign / dist)
     else:
-        grad = face_normal(mesh, face)
+        grad = outward
     return found, sd, grad
 
 
@@ -115,6 +321,14 @@ def slot_pose(pose_inv: wp.array3d(dtype=wp.float32), env: int, slot: int):
     # wp.quat stores x, y, z, w; the tensor layout is w, x, y, z.
     q = wp.quat(pose_inv[env, slot, 4], pose_inv[env, slot, 5], pose_inv[env, slot, 6], pose_inv[env, slot, 3])
     return t, q
+
+
+@wp.func
+def slot_sign_method(sign_method: int, slot_sign: wp.array2d(dtype=wp.uint8), env: int, slot: int) -> int:
+    """The call's sign method, or the slot's own when the call defers to the world (PER_SLOT)."""
+    if sign_method == SIGN_PER_SLOT:
+        return int(slot_sign[env, slot])
+    return sign_method
 
 
 @wp.func
@@ -129,6 +343,7 @@ def sphere_world_cost(
     mesh_enable: wp.array2d(dtype=wp.uint8),
     n_env_mesh: wp.array(dtype=wp.int32),
     sign_method: int,
+    slot_sign: wp.array2d(dtype=wp.uint8),
 ):
     """Unweighted cost of one sphere summed over the meshes of ``env``, its world-frame gradient,
     and the clearance max(min_i sd_i - r - eta, 0) (= max_dist when no surface is in range)."""
@@ -142,7 +357,8 @@ def sphere_world_cost(
         t, q = slot_pose(pose_inv, env, slot)
         p_mesh = wp.quat_rotate(q, p) + t
         found, sd, grad_sd = mesh_signed_distance(
-            wp.uint64(mesh_idx[env, slot]), p_mesh, bound, pose_inv[env, slot, 7], sign_method
+            wp.uint64(mesh_idx[env, slot]), p_mesh, bound, pose_inv[env, slot, 7],
+            slot_sign_method(sign_method, slot_sign, env, slot),
         )
         if found == 0:
             continue
@@ -171,6 +387,7 @@ def point_world_esdf(
     mesh_enable: wp.array2d(dtype=wp.uint8),
     n_env_mesh: wp.array(dtype=wp.int32),
     sign_method: int,
+    slot_sign: wp.array2d(dtype=wp.uint8),
 ):
     """max_i(-sd_i) over the meshes of ``env`` (-max_dist when none is in range) and its gradient."""
     best = -max_dist
@@ -181,7 +398,8 @@ def point_world_esdf(
         t, q = slot_pose(pose_inv, env, slot)
         p_mesh = wp.quat_rotate(q, p) + t
         found, sd, grad_sd = mesh_signed_distance(
-            wp.uint64(mesh_idx[env, slot]), p_mesh, max_dist, pose_inv[env, slot, 7], sign_method
+            wp.uint64(mesh_idx[env, slot]), p_mesh, max_dist, pose_inv[env, slot, 7],
+            slot_sign_method(sign_method, slot_sign, env, slot),
         )
         if found != 0 and -sd > best:
             best = -sd
@@ -215,6 +433,7 @@ def sphere_cost_kernel(
     use_env_query: int,
     spheres_per_batch: int,
     sign_method: int,
+    slot_sign: wp.array2d(dtype=wp.uint8),
     compute_esdf: int,
     compute_grad: int,
     start: int,
@@ -235,11 +454,11 @@ def sphere_cost_kernel(
     if compute_esdf != 0:
         cost = -max_distance[0]
         if env >= 0:
-            cost, grad = point_world_esdf(p, max_distance[0], env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method)
+            cost, grad = point_world_esdf(p, max_distance[0], env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign)
     elif s[3] >= 0.0 and env >= 0:
         clearance = float(0.0)
         cost, grad, clearance = sphere_world_cost(
-            p, s[3], activation_distance[0], max_distance[0], env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method
+            p, s[3], activation_distance[0], max_distance[0], env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign
         )
     cost = w * cost
     out_cost[tid] = cost
@@ -284,6 +503,7 @@ def swept_sphere_cost_kernel(
     sweep_steps: int,
     enable_speed_metric: int,
     sign_method: int,
+    slot_sign: wp.array2d(dtype=wp.uint8),
     compute_grad: int,
     count_evaluations: int,
     start: int,
@@ -331,7 +551,7 @@ def swept_sphere_cost_kernel(
         g0 = wp.vec3(0.0, 0.0, 0.0)
         clearance0 = float(0.0)
         c0, g0, clearance0 = sphere_world_cost(
-            p, radius, eta, max_dist, env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method
+            p, radius, eta, max_dist, env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign
         )
         evaluations = int(1)
         has_prev = int(0)
@@ -371,7 +591,7 @@ def swept_sphere_cost_kernel(
                     gk = wp.vec3(0.0, 0.0, 0.0)
                     clearance_k = float(0.0)
                     ck, gk, clearance_k = sphere_world_cost(
-                        q, radius, eta, max_dist, env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method
+                        q, radius, eta, max_dist, env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign
                     )
                     evaluations += 1
                     free_reach = wp.max(free_reach, sk * seg_len + clearance_k)

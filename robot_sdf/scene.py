@@ -11,6 +11,8 @@ Format (relative mesh paths resolve against the scene file's directory)::
         env: 0                          # optional
         enabled: true                   # optional
         pose_topic: /table_pose         # optional (ROS node: geometry_msgs/PoseStamped)
+        sign_method: winding_number     # optional: auto, normal, default, winding_number or
+                                        # parity; default: the world's (node parameter)
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import numpy as np
 import yaml
 
 from robot_sdf import geometry, io
+from robot_sdf.types import SignMethod
 
 
 @dataclass
@@ -33,9 +36,10 @@ class ObstacleSpec:
     enabled: bool = True
     pose_topic: str | None = None
     source: str = ""  # file path or primitive description, for logs
+    sign_method: str | None = None  # None: the world's default
 
 
-_KNOWN_KEYS = {"id", "mesh", "scale", "primitive", "pose", "env", "enabled", "pose_topic"}
+_KNOWN_KEYS = {"id", "mesh", "scale", "primitive", "pose", "env", "enabled", "pose_topic", "sign_method"}
 
 
 def _pose(entry: dict):
@@ -88,7 +92,12 @@ def parse_obstacle(entry: dict, base_dir: Path) -> ObstacleSpec:
         topic = entry.get("pose_topic")
         if topic is not None and (not isinstance(topic, str) or not topic):
             raise ValueError(f"pose_topic must be a non-empty string, got {topic!r}")
-        return ObstacleSpec(oid, v, t, _pose(entry), env, bool(entry.get("enabled", True)), topic, source)
+        sign = entry.get("sign_method")
+        if sign is not None:
+            if not isinstance(sign, str):
+                raise ValueError(f"sign_method must be a string, got {sign!r}")
+            sign = SignMethod.parse(sign).name.lower()
+        return ObstacleSpec(oid, v, t, _pose(entry), env, bool(entry.get("enabled", True)), topic, source, sign)
     except (TypeError, ValueError) as exc:  # TypeError: e.g. scale: [1, 2] or radius: null
         raise ValueError(f"obstacle {oid!r}: {exc}") from None
 
@@ -139,5 +148,6 @@ def apply_scene(world, specs: list[ObstacleSpec]) -> int:
         except ValueError as exc:
             raise ValueError(f"obstacle {spec.id!r}: {exc}") from None
     for spec in specs:
-        world.add_mesh(spec.id, spec.vertices, spec.triangles, spec.pose, spec.env, spec.enabled)
+        world.add_mesh(spec.id, spec.vertices, spec.triangles, spec.pose, spec.env, spec.enabled,
+                       sign_method=spec.sign_method)
     return world.revision

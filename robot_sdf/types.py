@@ -4,6 +4,9 @@ Poses are 7-vectors ``x, y, z, qw, qx, qy, qz`` (metres, unit quaternion, scalar
 The kernel-side inverse pose has 8 floats per slot: the world->mesh transform in the same
 order plus one float of padding; robot_sdf stores the radius of a sphere about the mesh-frame
 origin that bounds the mesh in that padding (0 = unknown) so kernels can skip far meshes.
+MeshWorld builds each Warp mesh re-centred on the centre c of its bounding box and folds -c into
+the translation, so "mesh frame" for the kernels is the user's mesh frame shifted by c (tight
+bounding sphere, and float32 coordinates small even for meshes given in world coordinates).
 """
 from __future__ import annotations
 
@@ -28,12 +31,16 @@ class SignMethod(enum.IntEnum):
     WINDING_NUMBER: fast generalised winding number. Meaningful for open (non-watertight) meshes;
         the mesh is built with winding-number support, which costs memory and build time.
     PARITY: crossing parity of one perturbed ray. One extra traversal; wrong near cracks.
+    AUTO: chosen per geometry when it is added (robot_sdf.mesh_analysis.classify): NORMAL for a
+        single closed, consistently oriented shell without self-intersections, WINDING_NUMBER
+        for anything else.
     """
 
     NORMAL = 0
     DEFAULT = 1
     WINDING_NUMBER = 2
     PARITY = 3
+    AUTO = 4
 
     @classmethod
     def parse(cls, value: "SignMethod | str | int") -> "SignMethod":
@@ -57,7 +64,10 @@ class WorldSnapshot:
     mesh_enable:       (n_env, m) uint8, 0 = slot ignored
     n_env_mesh:        (n_env,) int32, slots in use per environment
     revision:          world revision this view was taken at
-    sign_method:       the world's SignMethod
+    sign_method:       the world's default SignMethod (may be AUTO)
+    sign_methods:      (n_env, m) uint8, the concrete SignMethod of each slot (what ``auto`` chose
+                       for its geometry, or the method the mesh was added with); pass it as the
+                       autograd Functions' trailing ``sign_method`` argument
     """
 
     mesh_idx: torch.Tensor
@@ -66,6 +76,7 @@ class WorldSnapshot:
     n_env_mesh: torch.Tensor
     revision: int
     sign_method: SignMethod
+    sign_methods: torch.Tensor | None = None
     # Keeps the Warp meshes referenced by mesh_idx alive for as long as this view exists.
     _keepalive: tuple[Any, ...] = field(default=(), repr=False, compare=False)
 

@@ -5,8 +5,12 @@ Shapes (design.md section 3): query_spheres (b,h,n,4) float32; out_cost (b,h,n);
 mesh_pose_inverse (E,M,8) float32; mesh_enable (E,M) uint8; n_env_mesh (E,) int32;
 env_query_idx (b,) int32 or None.
 
-One argument beyond cuRobo's is accepted at the end of both: ``sign_method`` (a SignMethod or
-its name; NORMAL unless given). The tensors may live on the CPU or on CUDA (the mesh tensors on
+One argument beyond cuRobo's is accepted at the end of both: ``sign_method``: a SignMethod or its
+name for every slot, or an (n_env, m) uint8 tensor with one SignMethod per slot (a MeshWorld's
+``snapshot().sign_methods``). The default, ``auto``, uses each mesh's own method as recorded when
+MeshWorld built it (``normal`` for meshes built elsewhere). A call-wide ``winding_number`` on a
+mesh built without winding-number support is refused (ValueError): Warp would read memory the
+mesh does not have. The tensors may live on the CPU or on CUDA (the mesh tensors on
 the spheres' device); Warp runs there, on torch's current stream. Outputs are fully rewritten on
 every call; gradients are computed only when query_spheres requires grad (else out_grad is
 zero-filled). SdfMeshWarpPy's ``backward`` returns grad_output[..., None] * out_grad for the
@@ -20,10 +24,11 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 import warp as wp
 
-from robot_sdf import kernels
+from robot_sdf import kernels, mesh_analysis
 from robot_sdf.types import SignMethod
 
 _CPU_MIN_SPHERES_PER_THREAD = 2048
@@ -70,6 +75,7 @@ def warp_device(device: torch.device):
         with _load_lock:
             if wdev.alias not in _loaded_devices:
                 wp.load_module(kernels, device=wdev)
+                wp.load_module(mesh_analysis, device=wdev)
                 _loaded_devices.add(wdev.alias)
     return wdev
 
@@ -140,6 +146,45 @@ def _ready(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.T
 
 
 _no_env_query: dict[torch.device, torch.Tensor] = {}
+_no_slot_sign: dict[torch.device, torch.Tensor] = {}
+# Warp mesh id -> built with winding-number support, for the meshes MeshWorld builds.
+_winding_support: dict[int, bool] = {}
+# kernels.SIGN_PER_SLOT: the kernels read the per-slot tensor.
+_SIGN_PER_SLOT = -1
+
+
+def register_mesh(mesh_id: int, winding_number: bool) -> None:
+    """Record whether a Warp mesh (by id) supports winding-number queries."""
+    _winding_support[int(mesh_id)] = bool(winding_number)
+
+
+def unregister_mesh(mesh_id: int) -> None:
+    _winding_support.pop(int(mesh_id), None)
+
+
+def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device) -> tuple:
+    """(scalar code, (n_env, m) uint8 Warp array) for the kernels' sign arguments."""
+    if isinstance(sign_method, torch.Tensor):
+        if tuple(sign_method.shape) != tuple(mesh_idx.shape):
+            raise ValueError(f"sign_method tensor must be (n_env, m) = {tuple(mesh_idx.shape)} like mesh_idx, "
+                             f"got {tuple(sign_method.shape)}")
+        if sign_method.device != device:
+            raise ValueError(f"sign_method tensor is on {sign_method.device}, the spheres on {device}")
+        return _SIGN_PER_SLOT, _as_warp(_ready(sign_method, device, torch.uint8))
+    method = SignMethod.parse(sign_method)
+    if method == SignMethod.WINDING_NUMBER:
+        # A host copy of the ids (a device sync on CUDA): only for this call-wide override.
+        ids = mesh_idx.detach().reshape(-1).cpu().numpy().astype(np.uint64)
+        for mesh_id in np.unique(ids[ids != 0]):
+            if _winding_support.get(int(mesh_id)) is False:
+                raise ValueError(
+                    "sign_method winding_number: a mesh of this world was built without winding-number "
+                    "support; add it with sign_method='winding_number' (or let auto choose it), or pass "
+                    "the world's per-slot snapshot().sign_methods")
+    unused = _no_slot_sign.get(device)
+    if unused is None:
+        unused = _no_slot_sign.setdefault(device, torch.zeros((1, 1), dtype=torch.uint8, device=device))
+    return int(method), _as_warp(unused)
 
 
 def _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device) -> tuple:
@@ -217,7 +262,7 @@ def _check_spheres(query_spheres: torch.Tensor) -> tuple[int, int, int]:
 def launch_sphere_cost(
     query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
     mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx=None,
-    compute_esdf: bool = False, compute_grad: bool = True, sign_method=SignMethod.NORMAL,
+    compute_esdf: bool = False, compute_grad: bool = True, sign_method=SignMethod.AUTO,
 ) -> None:
     """Fill out_cost (b,h,n), out_grad (b,h,n,4) and sparsity_idx for SdfMeshWarpPy's cost."""
     b, h, n = _check_spheres(query_spheres)
@@ -229,7 +274,7 @@ def launch_sphere_cost(
     inputs = [
         spheres, _as_warp(_scalar(weight, device)), _as_warp(_scalar(activation_distance, device)),
         _as_warp(_scalar(max_dist, device)), *world, env_arr, use_env, h * n,
-        int(SignMethod.parse(sign_method)), int(bool(compute_esdf)), int(bool(compute_grad)),
+        *_sign_arguments(sign_method, mesh_idx, device), int(bool(compute_esdf)), int(bool(compute_grad)),
     ]
     _launch(kernels.sphere_cost_kernel, b * h * n, inputs, outs.warp_arrays(), device)
     outs.finish()
@@ -274,7 +319,7 @@ def launch_swept_sphere_cost(
     query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt, mesh_idx,
     mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps: int = 1,
     enable_speed_metric: bool = False, env_query_idx=None, compute_grad: bool = True,
-    sign_method=SignMethod.NORMAL, out_evaluations: torch.Tensor | None = None,
+    sign_method=SignMethod.AUTO, out_evaluations: torch.Tensor | None = None,
 ) -> SweptPartials | None:
     """Fill the outputs with SweptSdfMeshWarpPy's cost (design.md section 4).
 
@@ -300,7 +345,7 @@ def launch_swept_sphere_cost(
     inputs = [
         spheres, _as_warp(_scalar(weight, device)), _as_warp(_scalar(activation_distance, device)),
         _as_warp(_scalar(max_dist, device)), _as_warp(_scalar(speed_dt, device)), *world, env_arr, use_env,
-        h, n, int(sweep_steps), int(bool(enable_speed_metric)), int(SignMethod.parse(sign_method)),
+        h, n, int(sweep_steps), int(bool(enable_speed_metric)), *_sign_arguments(sign_method, mesh_idx, device),
         int(bool(compute_grad)), int(out_evaluations is not None),
     ]
     outputs = [_as_warp(outs.cost.view(-1)), _as_warp(outs.sparsity.view(-1)), *partials.warp_arrays(),
@@ -332,7 +377,7 @@ class SdfMeshWarpPy(torch.autograd.Function):
     def forward(
         ctx, query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
         mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx=None, return_loss=False,
-        compute_esdf=False, sign_method=SignMethod.NORMAL,
+        compute_esdf=False, sign_method=SignMethod.AUTO,
     ):
         compute_grad = bool(ctx.needs_input_grad[0])
         launch_sphere_cost(
@@ -366,7 +411,7 @@ class SweptSdfMeshWarpPy(torch.autograd.Function):
     def forward(
         ctx, query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,
         mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps=1,
-        enable_speed_metric=False, env_query_idx=None, return_loss=False, sign_method=SignMethod.NORMAL,
+        enable_speed_metric=False, env_query_idx=None, return_loss=False, sign_method=SignMethod.AUTO,
     ):
         compute_grad = bool(ctx.needs_input_grad[0])
         partials = launch_swept_sphere_cost(

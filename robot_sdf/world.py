@@ -9,6 +9,7 @@ briefly; evaluations through this class hold the read side while their kernels r
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -19,9 +20,11 @@ import numpy as np
 import torch
 import warp as wp
 
-from robot_sdf import cost, geometry
+from robot_sdf import cost, geometry, mesh_analysis
 from robot_sdf.types import POSE_INVERSE_SIZE, SignMethod, WorldSnapshot
-from robot_sdf.warp_primitives import init_warp, warp_device
+from robot_sdf.warp_primitives import init_warp, register_mesh, unregister_mesh, warp_device
+
+_log = logging.getLogger("robot_sdf.world")
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -45,22 +48,95 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 
 class _Geometry:
-    """One Warp mesh, shared by every slot whose vertices and triangles are byte-identical."""
+    """One Warp mesh, shared by every slot whose vertices, triangles and requested sign method
+    are identical.
+
+    The Warp mesh holds the vertices re-centred on ``centre`` (the middle of their bounding box):
+    the snapshot folds -centre into each slot's inverse-pose translation, so the bounding sphere
+    (``radius``) is tight and float32 coordinates stay small for meshes given in world
+    coordinates. Its ``velocities`` array carries robot_sdf's sign data (mesh_analysis).
+    """
 
     def __init__(self, key: bytes, vertices: np.ndarray, triangles: np.ndarray, device: torch.device,
-                 winding_number: bool):
+                 requested: SignMethod, name: str = ""):
         self.key = key
         # Private read-only copies: the content key must keep describing what the BVH holds.
         self.vertices = np.array(vertices, dtype=np.float32, copy=True)
         self.triangles = np.array(triangles, dtype=np.int32, copy=True)
         self.vertices.setflags(write=False)
         self.triangles.setflags(write=False)
-        self.radius = geometry.bounding_radius(vertices)
+        v64 = self.vertices.astype(np.float64)
+        self.centre = 0.5 * (v64.min(axis=0) + v64.max(axis=0))
+        centred = self._centred(self.vertices)
+        self.radius = geometry.bounding_radius(centred)
+        self.requested = requested
+        self.classification: mesh_analysis.MeshClass | None = None
+        self.welded = mesh_analysis.weld(self.vertices)
         wdev = warp_device(device)
-        self.points = wp.array(self.vertices, dtype=wp.vec3, device=wdev)
+        self.points = wp.array(centred, dtype=wp.vec3, device=wdev)
         self.indices = wp.array(self.triangles.reshape(-1), dtype=wp.int32, device=wdev)
-        self.mesh = wp.Mesh(points=self.points, indices=self.indices, support_winding_number=winding_number)
+        # Sign data first (its flags entry is rewritten once auto has chosen), so that the mesh
+        # auto builds for its self-intersection test can be kept when it chooses normal.
+        data = mesh_analysis.sign_data(centred, self.triangles, requested == SignMethod.WINDING_NUMBER,
+                                       requested, self.welded)
+        self.velocities = wp.array(data, dtype=wp.vec3, device=wdev)
+        mesh = None
+        method = requested
+        if requested == SignMethod.AUTO:
+            def factory() -> wp.Mesh:
+                return wp.Mesh(points=self.points, indices=self.indices, velocities=self.velocities)
+
+            self.classification, mesh = mesh_analysis.classify(centred, self.triangles, self.welded, factory)
+            method = self.classification.method
+            _log.info("mesh %r: sign method auto -> %s (%s; %d triangles, classified in %.3f s)", name,
+                      method.name.lower(), self.classification.reason, len(self.triangles),
+                      self.classification.seconds)
+        self.method = method
+        self.winding_number = method == SignMethod.WINDING_NUMBER
+        data[-3, 1:] = (1.0 if self.winding_number else 0.0, float(int(method)))
+        # Kernels skip the mesh beyond this radius (+ the search bound): no surface is there and
+        # no inside point (for winding_number on a surface that is not closed, that reaches
+        # out to the winding radius).
+        self.cull_radius = max(self.radius, float(data[-2, 0]) if data[-2, 1] == 0.0 else 0.0)
+        self.velocities.assign(wp.array(data, dtype=wp.vec3, device=wdev))
+        if mesh is None or self.winding_number:
+            mesh = wp.Mesh(points=self.points, indices=self.indices, velocities=self.velocities,
+                           support_winding_number=self.winding_number)
+        self.mesh = mesh
+        register_mesh(self.mesh.id, self.winding_number)
         self.users = 0
+
+    def _centred(self, vertices: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(vertices.astype(np.float64) - self.centre, dtype=np.float32)
+
+    def refit(self, vertices: np.ndarray) -> None:
+        """New vertex positions, same topology: refit the BVH about the same centre (so a snapshot
+        taken before stays consistent) and recompute the sign data."""
+        centred = self._centred(vertices)
+        self.points.assign(wp.array(centred, dtype=wp.vec3, device=self.points.device))
+        self.mesh.refit()
+        self.velocities.assign(wp.array(
+            mesh_analysis.sign_data(centred, self.triangles, self.winding_number, self.method, self.welded),
+            dtype=wp.vec3, device=self.velocities.device))
+        self.vertices = np.array(vertices, dtype=np.float32, copy=True)
+        self.vertices.setflags(write=False)
+        self.radius = geometry.bounding_radius(centred)
+        data = self.velocities.numpy()
+        self.cull_radius = max(self.radius, float(data[-2, 0]) if data[-2, 1] == 0.0 else 0.0)
+
+    def info(self) -> dict:
+        out = {"sign_method": self.method.name.lower(), "requested_sign_method": self.requested.name.lower(),
+               "vertices": int(self.vertices.shape[0]), "triangles": int(self.triangles.shape[0]),
+               "bounding_centre": self.centre.tolist(), "bounding_radius": self.radius,
+               "winding_number_support": self.winding_number}
+        if self.classification is not None:
+            out["auto"] = self.classification.as_dict()
+        return out
+
+    def __del__(self) -> None:
+        mesh = getattr(self, "mesh", None)
+        if mesh is not None:
+            unregister_mesh(mesh.id)
 
 
 @dataclass
@@ -71,8 +147,9 @@ class _Slot:
     enabled: bool
 
 
-def _content_key(vertices: np.ndarray, triangles: np.ndarray) -> bytes:
+def _content_key(vertices: np.ndarray, triangles: np.ndarray, requested: SignMethod) -> bytes:
     h = hashlib.blake2b(digest_size=20)
+    h.update(bytes([int(requested)]))
     h.update(np.int64(vertices.shape[0]).tobytes())
     h.update(vertices.tobytes())
     h.update(triangles.tobytes())
@@ -143,13 +220,14 @@ class MeshWorld:
         device: "auto", "cpu", "cuda" or "cuda:N".
         num_envs: number of independent environments (batch rows pick one with env_index).
         mesh_capacity: initial slots per environment; grows (doubling) when full.
-        sign_method: SignMethod or its name ("normal", "default", "winding_number", "parity").
+        sign_method: default SignMethod of added meshes, or its name ("auto", "normal", "default",
+            "winding_number", "parity"); ``auto`` classifies each geometry once (mesh_info).
         max_distance: default search distance outside meshes (m) for the evaluation methods.
         geometry_cache_size: unused geometries kept for re-adding identical meshes without a rebuild.
     """
 
     def __init__(self, device: str | torch.device = "auto", num_envs: int = 1, mesh_capacity: int = 8,
-                 sign_method: SignMethod | str = SignMethod.NORMAL, max_distance: float = 0.5,
+                 sign_method: SignMethod | str = SignMethod.AUTO, max_distance: float = 0.5,
                  geometry_cache_size: int = 32):
         if int(num_envs) < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -222,21 +300,38 @@ class MeshWorld:
             slot = self._require(name, env)
             return slot.geometry.vertices, slot.geometry.triangles, slot.pose.copy(), slot.enabled
 
+    def mesh_sign_method(self, name: str, env: int = 0) -> SignMethod:
+        """The concrete sign method the kernels use for a mesh (what ``auto`` chose, if it was)."""
+        with self._write_lock:
+            return self._require(name, env).geometry.method
+
+    def mesh_info(self, name: str, env: int = 0) -> dict:
+        """Facts about a mesh's geometry: sign_method (concrete), requested_sign_method, vertices,
+        triangles, bounding_centre/bounding_radius (m, mesh frame), winding_number_support, and
+        for ``auto`` the classification (key "auto": reason, closed, consistently_oriented,
+        shells, self_intersections, degenerate_triangles, volume, classify_seconds)."""
+        with self._write_lock:
+            return self._require(name, env).geometry.info()
+
     # ------------------------------------------------------------------ mutations
-    def add_mesh(self, name: str, vertices, triangles, pose=None, env: int = 0, enabled: bool = True) -> int:
+    def add_mesh(self, name: str, vertices, triangles, pose=None, env: int = 0, enabled: bool = True,
+                 sign_method: SignMethod | str | None = None) -> int:
         """Add a mesh, or replace the geometry, pose and enable flag of an existing ``name``.
 
         vertices (V,3) m in the mesh frame; triangles (T,3) vertex indices, counter-clockwise seen
-        from outside; pose (7,) the mesh frame in the world. Returns the new revision.
+        from outside; pose (7,) the mesh frame in the world; sign_method overrides the world's
+        default for this mesh (``auto`` classifies the geometry once; the result is cached with
+        it, see mesh_info). Returns the new revision.
         """
         self._check_name(name)
         self.check_env(env)
+        requested = self.sign_method if sign_method is None else SignMethod.parse(sign_method)
         v, t = geometry.validate_mesh(vertices, triangles)
         p = geometry.validate_pose(pose)
-        key = _content_key(v, t)
-        prebuilt = self._prebuild(key, v, t)
+        key = _content_key(v, t, requested)
+        prebuilt = self._prebuild(key, v, t, requested, name)
         with self._write_lock:
-            geo = self._acquire_geometry(key, v, t, prebuilt)
+            geo = self._acquire_geometry(key, v, t, requested, prebuilt, name)
             slot = self._find(name, env)
             if slot is None:
                 self._slots[env].append(_Slot(name, geo, p, bool(enabled)))
@@ -293,22 +388,20 @@ class MeshWorld:
                     "use add_mesh to change topology"
                 )
             geometry.check_area(v, old.triangles)
-            key = _content_key(v, old.triangles)
+            key = _content_key(v, old.triangles, old.requested)
             if old.users > 1 or key in self._geometries or key in self._unused:
                 # Shared (or already cached) content: this slot gets its own geometry.
-                slot.geometry = self._acquire_geometry(key, v, old.triangles)
+                slot.geometry = self._acquire_geometry(key, v, old.triangles, old.requested, name=name)
                 self._release_geometry(old)
             else:
-                stored = np.array(v, dtype=np.float32, copy=True)
-                stored.setflags(write=False)
-                # Readers must not run while the BVH is half refit.
+                # Readers must not run while the BVH is half refit. The sign method stays what it
+                # was (same topology); the centre too, so older snapshots keep their translation.
                 with self._refit_lock.write():
                     self._sync_device_before_write()
-                    old.points.assign(wp.array(stored, dtype=wp.vec3, device=old.points.device))
-                    old.mesh.refit()
+                    old.refit(v)
                     self._sync_device_after_write()
                     del self._geometries[old.key]
-                    old.key, old.vertices, old.radius = key, stored, geometry.bounding_radius(stored)
+                    old.key = key
                     self._geometries[key] = old
                     return self._publish()
             return self._publish()
@@ -348,26 +441,28 @@ class MeshWorld:
             raise KeyError(f"no mesh {name!r} in env {env}")
         return slot
 
-    def _prebuild(self, key: bytes, v: np.ndarray, t: np.ndarray) -> _Geometry | None:
+    def _prebuild(self, key: bytes, v: np.ndarray, t: np.ndarray, requested: SignMethod,
+                  name: str = "") -> _Geometry | None:
         """Build the BVH of new content before taking the write lock, so that other writers
         (pose updates, enable flags) are not queued behind a build. None if cached."""
         with self._write_lock:
             if key in self._geometries or key in self._unused:
                 return None
-        return self._build_geometry(key, v, t)
+        return self._build_geometry(key, v, t, requested, name)
 
-    def _build_geometry(self, key: bytes, v: np.ndarray, t: np.ndarray) -> _Geometry:
-        geo = _Geometry(key, v, t, self.device, self.sign_method == SignMethod.WINDING_NUMBER)
+    def _build_geometry(self, key: bytes, v: np.ndarray, t: np.ndarray, requested: SignMethod,
+                        name: str = "") -> _Geometry:
+        geo = _Geometry(key, v, t, self.device, requested, name)
         self._sync_device_after_write()  # the BVH is complete before any snapshot names it
         return geo
 
-    def _acquire_geometry(self, key: bytes, v: np.ndarray, t: np.ndarray,
-                          prebuilt: _Geometry | None = None) -> _Geometry:
+    def _acquire_geometry(self, key: bytes, v: np.ndarray, t: np.ndarray, requested: SignMethod,
+                          prebuilt: _Geometry | None = None, name: str = "") -> _Geometry:
         geo = self._geometries.get(key)
         if geo is None:
             geo = self._unused.pop(key, None)
             if geo is None:
-                geo = prebuilt or self._build_geometry(key, v, t)
+                geo = prebuilt or self._build_geometry(key, v, t, requested, name)
             self._geometries[key] = geo
         geo.users += 1
         return geo
@@ -391,6 +486,7 @@ class MeshWorld:
         pose_inv = np.zeros((e, m, POSE_INVERSE_SIZE), np.float32)
         pose_inv[:, :, 3] = 1.0
         enable = np.zeros((e, m), np.uint8)
+        methods = np.zeros((e, m), np.uint8)
         counts = np.zeros(e, np.int32)
         keep = []
         for env, slots in enumerate(self._slots):
@@ -398,8 +494,12 @@ class MeshWorld:
             for i, slot in enumerate(slots):
                 # Warp ids are uint64 addresses; the int64 tensor holds the same bits.
                 ids[env, i] = np.uint64(slot.geometry.mesh.id).astype(np.int64)
-                pose_inv[env, i, :7] = geometry.pose_inverse(slot.pose)
-                pose_inv[env, i, 7] = slot.geometry.radius
+                inverse = geometry.pose_inverse(slot.pose)
+                # The Warp mesh is centred on the geometry's bounding-box centre.
+                inverse[:3] -= slot.geometry.centre
+                pose_inv[env, i, :7] = inverse
+                pose_inv[env, i, 7] = slot.geometry.cull_radius
+                methods[env, i] = int(slot.geometry.method)
                 enable[env, i] = 1 if slot.enabled else 0
                 keep.append(slot.geometry)
         dev = self.device
@@ -410,6 +510,7 @@ class MeshWorld:
             n_env_mesh=torch.from_numpy(counts).to(dev),
             revision=self._revision,
             sign_method=self.sign_method,
+            sign_methods=torch.from_numpy(methods).to(dev),
             _keepalive=tuple(keep),
         )
 

@@ -127,3 +127,95 @@ def test_bad_files(tmp_path):
     for scale in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError):
             load_mesh(good, scale=scale)
+
+
+def _collada(geometries: dict[str, tuple[np.ndarray, np.ndarray]], nodes: list[tuple[str, np.ndarray]],
+             unit_metres: float = 1.0) -> str:
+    """A COLLADA 1.4.1 document written by hand: each geometry a <triangles> mesh, each node a
+    4x4 <matrix> (row-major, as COLLADA stores it) instancing one geometry."""
+    geo_xml = []
+    for name, (v, t) in geometries.items():
+        floats = " ".join(f"{x:.9g}" for x in np.asarray(v, np.float64).reshape(-1))
+        idx = " ".join(str(int(i)) for i in np.asarray(t).reshape(-1))
+        geo_xml.append(f"""
+    <geometry id="{name}" name="{name}"><mesh>
+      <source id="{name}-pos"><float_array id="{name}-arr" count="{v.size}">{floats}</float_array>
+        <technique_common><accessor source="#{name}-arr" count="{len(v)}" stride="3">
+          <param name="X" type="float"/><param name="Y" type="float"/><param name="Z" type="float"/>
+        </accessor></technique_common></source>
+      <vertices id="{name}-vtx"><input semantic="POSITION" source="#{name}-pos"/></vertices>
+      <triangles count="{len(t)}"><input semantic="VERTEX" source="#{name}-vtx" offset="0"/><p>{idx}</p></triangles>
+    </mesh></geometry>""")
+    node_xml = []
+    for k, (geo, matrix) in enumerate(nodes):
+        m = " ".join(f"{x:.9g}" for x in np.asarray(matrix, np.float64).reshape(-1))
+        node_xml.append(f"""
+      <node id="n{k}" name="n{k}"><matrix>{m}</matrix><instance_geometry url="#{geo}"/></node>""")
+    return f"""<?xml version="1.0" encoding="utf-8"?>
+<COLLADA xmlns="http://www.collada.org/2005/11/COLLADASchema" version="1.4.1">
+  <asset><unit meter="{unit_metres}" name="unit"/><up_axis>Z_UP</up_axis></asset>
+  <library_geometries>{"".join(geo_xml)}
+  </library_geometries>
+  <library_visual_scenes><visual_scene id="scene">{"".join(node_xml)}
+  </visual_scene></library_visual_scenes>
+  <scene><instance_visual_scene url="#scene"/></scene>
+</COLLADA>
+"""
+
+
+def _matrix(pose) -> np.ndarray:
+    m = np.eye(4)
+    m[:3, :3] = ref.quat_to_matrix(np.asarray(pose[3:], np.float64))
+    m[:3, 3] = pose[:3]
+    return m
+
+
+def test_collada_two_geometries_with_node_transforms(tmp_path):
+    """A .dae with two geometries under transformed nodes loads as one mesh with every node's
+    transform applied (and the same solid as the transformed parts)."""
+    box_v, box_t = ref.box((0.2, 0.1, 0.3))
+    ball_v, ball_t = ref.icosphere(0.1, 1)
+    pose_box = (0.5, 0.0, 0.2, np.cos(0.3), 0.0, 0.0, np.sin(0.3))
+    pose_ball = (-0.3, 0.4, 0.0, 1.0, 0.0, 0.0, 0.0)
+    path = tmp_path / "link.dae"
+    path.write_text(_collada({"box": (box_v, box_t), "ball": (ball_v, ball_t)},
+                             [("box", _matrix(pose_box)), ("ball", _matrix(pose_ball))]))
+    v, t = load_mesh(path)
+    want_v = np.concatenate([ref.transform_points(np.asarray(pose_box), box_v),
+                             ref.transform_points(np.asarray(pose_ball), ball_v)])
+    want_t = np.concatenate([box_t, ball_t + len(box_v)])
+    assert t.shape == want_t.shape
+    np.testing.assert_allclose(canonical_triangles(v, t), canonical_triangles(want_v, want_t), atol=1e-6)
+    # millimetre file, scaled by its <unit>
+    mm = tmp_path / "link_mm.dae"
+    mm.write_text(_collada({"box": (box_v * 1000.0, box_t)}, [("box", np.eye(4))], unit_metres=0.001))
+    v_mm, _ = load_mesh(mm)
+    np.testing.assert_allclose(np.sort(v_mm, axis=0), np.sort(box_v, axis=0), atol=1e-6)
+
+
+def test_load_errors_name_the_file_and_the_problem(tmp_path):
+    good = tmp_path / "good.stl"
+    trimesh.Trimesh(*ref.box((1, 1, 1)), process=False).export(str(good))
+    data = good.read_bytes()
+    cut = tmp_path / "cut.stl"
+    cut.write_bytes(data[: len(data) - 70])
+    with pytest.raises(ValueError, match=r"cut\.stl: truncated binary STL.*12 triangles"):
+        load_mesh(cut)
+    stub = tmp_path / "stub.stl"
+    stub.write_bytes(data[:40])
+    with pytest.raises(ValueError, match=r"stub\.stl: truncated STL"):
+        load_mesh(stub)
+    nan_obj = tmp_path / "nan.obj"
+    nan_obj.write_text("v 0 0 0\nv 1 0 nan\nv 0 1 0\nf 1 2 3\n")
+    with pytest.raises(ValueError, match=r"nan\.obj: vertex 1 is not finite.*NaN"):
+        load_mesh(nan_obj)
+    nan_stl = tmp_path / "nan.stl"
+    floats = np.frombuffer(data, dtype="<f4", count=12, offset=84).copy()
+    floats[4] = np.nan  # x of the first vertex of the first triangle
+    nan_stl.write_bytes(data[:84] + floats.tobytes() + data[84 + 48:])
+    with pytest.raises(ValueError, match=r"nan\.stl: vertex \d+ is not finite"):
+        load_mesh(nan_stl)
+    bad_dae = tmp_path / "broken.dae"
+    bad_dae.write_text("<COLLADA><library_geometries>")
+    with pytest.raises(ValueError, match=r"broken\.dae"):
+        load_mesh(bad_dae)

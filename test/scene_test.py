@@ -114,6 +114,7 @@ BAD_ENTRIES = {
     "unknown key": ("id: typo\n    primitive: {type: sphere, radius: 1}\n    colour: red", "typo"),
     "duplicate id": ("id: ok\n    primitive: {type: sphere, radius: 1}", "ok"),
     "bad scale": ("id: scaled\n    mesh: meshes/wall.stl\n    scale: -2", "scaled"),
+    "unknown sign method": ("id: signed\n    primitive: {type: sphere, radius: 1}\n    sign_method: vote", "signed"),
 }
 
 
@@ -193,3 +194,28 @@ def test_malformed_scale_raises_value_error(tmp_path, mesh_file):
     """)
     with pytest.raises(ValueError, match="scaled"):
         load_scene(path)
+
+
+def test_per_obstacle_sign_method(tmp_path, mesh_file):
+    """An obstacle's sign_method overrides the world's; without one, the world's auto classifies
+    (an open cup -> winding_number, whose inside the cup's centre is)."""
+    cup = tmp_path / "meshes" / "cup.stl"
+    trimesh.Trimesh(*ref.open_box((0.2, 0.2, 0.2)), process=False).export(str(cup))
+    path = write_scene(tmp_path, """
+        obstacles:
+          - id: wall
+            mesh: meshes/wall.stl
+            sign_method: parity
+          - id: cup
+            mesh: meshes/cup.stl
+            pose: [2.0, 0.0, 0.0, 1, 0, 0, 0]
+    """)
+    specs = load_scene(path)
+    assert [s.sign_method for s in specs] == ["parity", None]
+    world = MeshWorld(device="cpu", max_distance=0.01)
+    apply_scene(world, specs)
+    assert world.mesh_info("wall")["sign_method"] == "parity"
+    assert world.mesh_info("cup")["sign_method"] == "winding_number"
+    d, _ = world.signed_distance(torch.tensor([[2.0, 0.0, -0.02]]))
+    want = ref.signed_distance(np.array([[0.0, 0.0, -0.02]]), *ref.open_box((0.2, 0.2, 0.2)))[0]
+    assert d[0].item() == pytest.approx(want[0], abs=1e-6) and want[0] < -0.07

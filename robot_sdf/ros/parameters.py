@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any, Callable
 
-SIGN_METHODS = ("default", "normal", "winding_number", "parity")
+SIGN_METHODS = ("auto", "default", "normal", "winding_number", "parity")
 SLICE_PLANES = ("xy", "xz", "yz")
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 _INT_MAX = 2**31 - 1
@@ -111,9 +111,10 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "sends <= 0.", "> 0", _positive, float_range=(0.0, 100.0), dynamic=True),
     ParamSpec("weight", 1.0, "Default cost weight when a request sends <= 0.", "> 0", _positive,
               float_range=(0.0, 1e9), dynamic=True),
-    ParamSpec("sign_method", "normal", "Inside/outside test of the mesh queries: default, "
-              "normal, winding_number or parity (see config/sdf_server.yaml).",
-              "default|normal|winding_number|parity", _one_of(SIGN_METHODS)),
+    ParamSpec("sign_method", "auto", "Inside/outside test of the mesh queries: auto (chosen per "
+              "mesh when it is added), default, normal, winding_number or parity (see "
+              "config/sdf_server.yaml).", "auto|default|normal|winding_number|parity",
+              _one_of(SIGN_METHODS)),
     ParamSpec("max_spheres_per_request", 2_000_000, "Largest batch*horizon*spheres_per_step one "
               "cost request may carry.", ">= 1", _at_least(1), int_range=(1, _INT_MAX)),
     ParamSpec("max_sweep_steps", 32, "Largest sweep_steps a swept-cost request may ask for.",

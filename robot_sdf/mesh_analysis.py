@@ -1,0 +1,360 @@
+"""Build-time analysis of a mesh: pseudo-normals for the ``normal`` sign, and the ``auto`` choice.
+
+Everything here runs once per geometry when it is added (numpy, float64, plus one Warp kernel
+for self-intersections), never per query.
+
+Sign data: robot_sdf stores per-mesh data next to the BVH in the Warp mesh's ``velocities``
+array (Warp only reads it in ``mesh_eval_velocity``, which robot_sdf never calls), so a kernel
+that holds nothing but the mesh id can reach it. Layout, for V vertices and T triangles::
+
+    [0, V)          angle-weighted pseudo-normal of each vertex (unit; zero if unused)
+    [V, V + 3T)     pseudo-normal of edge k of triangle f at V + 3 f + k; edge k joins corners
+                    k and (k + 1) % 3 (sum of the normals of every triangle on that edge)
+    V + 3T          lower corner of the mesh's axis-aligned bounding box (kernel frame)
+    V + 3T + 1      upper corner
+    V + 3T + 2      (SIGN_DATA_MAGIC, winding-number support 0/1, the mesh's own sign method)
+    V + 3T + 3      (winding radius, 1 if the bounding box bounds the winding-number inside,
+                     1 if the mesh has slivers: closest points are then re-searched in float64)
+    V + 3T + 4      (total area A, 0, 0)
+
+Inside test far from the surface: a closed surface (every edge used as often in one direction
+as in the other, any number of shells) has an integer winding number, 0 outside its bounding
+box, so no point outside the box is inside. Any other surface can have a winding number above
+0.5 outside its box (flipped faces, folds); |w| <= A / (4 pi (D - R)^2) at distance D from the
+centre of a surface of area A within radius R, so beyond the winding radius R + sqrt(A / (2 pi))
+no point is inside; likewise |w| <= A / (4 pi d^2) at distance d from the surface (or from its
+bounding box), so a point farther than sqrt(A / (2 pi)) from the box is outside.
+
+Pseudo-normals follow Baerentzen & Aanaes (2005): for a closed, consistently oriented,
+non-self-intersecting surface, the sign of dot(p - c, n) with c the closest surface point and n
+the pseudo-normal of the feature (face, edge or vertex) that contains c is the exact inside test,
+whichever of several equally close features is picked.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import warp as wp
+
+from robot_sdf.types import SignMethod
+
+SIGN_DATA_MAGIC = 7.0e5  # an exact float32 that no velocity array of an ordinary mesh holds there
+SIGN_DATA_EXTRA = 5  # entries after the vertex and edge normals
+# Longest edge / height above which a triangle is a sliver: Warp's float32 closest-point search
+# may then pick a triangle up to ~1e-4 m farther than the closest one.
+SLIVER_ASPECT = 20.0
+FLAT_RATIO = 1e-6  # 2 * area / longest edge^2 (= height / longest edge) of a flat triangle
+
+
+# ---------------------------------------------------------------------------------------- topology
+def weld(vertices: np.ndarray) -> np.ndarray:
+    """(V,) index of the first vertex at the same exact position: soups (STL) share no indices,
+    but their corners do share bit-identical coordinates."""
+    _, first, inverse = np.unique(np.ascontiguousarray(vertices, np.float32), axis=0, return_index=True,
+                                  return_inverse=True)
+    return first[inverse.reshape(-1)].astype(np.int64)
+
+
+def _face_normals(v64: np.ndarray, tri: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unit normals (T,3) (zero for degenerate triangles) and twice the areas (T,)."""
+    a, b, c = v64[tri[:, 0]], v64[tri[:, 1]], v64[tri[:, 2]]
+    n = np.cross(b - a, c - a)
+    area2 = np.linalg.norm(n, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        unit = np.where(area2[:, None] > 0.0, n / area2[:, None], 0.0)
+    return unit, area2
+
+
+def _normalise_rows(x: np.ndarray) -> np.ndarray:
+    length = np.linalg.norm(x, axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(length > 0.0, x / length, 0.0)
+
+
+def _edge_keys(welded_tri: np.ndarray, n_vertices: int) -> np.ndarray:
+    """(T,3) undirected key of edge k (corners k, k+1) of each triangle."""
+    lo = np.minimum(welded_tri, np.roll(welded_tri, -1, axis=1))
+    hi = np.maximum(welded_tri, np.roll(welded_tri, -1, axis=1))
+    return lo * np.int64(n_vertices) + hi
+
+
+def _scatter_add(index: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
+    """(size, 3) sums of the rows of ``values`` (N,3) grouped by ``index`` (N,)."""
+    return np.stack([np.bincount(index, weights=values[:, k], minlength=size) for k in range(3)], axis=1)
+
+
+def pseudo_normals(vertices: np.ndarray, triangles: np.ndarray, welded: np.ndarray | None = None):
+    """Vertex pseudo-normals (V,3) and edge pseudo-normals (T,3,3), float64, unit or zero.
+
+    Vertices at the same position share their normal (welded), so an unindexed soup gets the
+    same normals as the indexed mesh it was exported from."""
+    v64 = np.asarray(vertices, np.float64)
+    tri = np.asarray(triangles, np.int64)
+    w = weld(vertices) if welded is None else welded
+    wt = w[tri]
+    n_face, _ = _face_normals(v64, tri)
+
+    # Angle of each triangle at each corner, robust for thin triangles (atan2 of |cross|, dot).
+    corners = v64[tri]
+    angles = np.empty(tri.shape)
+    for k in range(3):
+        e1 = corners[:, (k + 1) % 3] - corners[:, k]
+        e2 = corners[:, (k + 2) % 3] - corners[:, k]
+        angles[:, k] = np.arctan2(np.linalg.norm(np.cross(e1, e2), axis=1), np.einsum("ij,ij->i", e1, e2))
+    weighted = (angles[:, :, None] * n_face[:, None, :]).reshape(-1, 3)
+    vertex_sum = _scatter_add(wt.reshape(-1), weighted, v64.shape[0])
+    vertex_normals = _normalise_rows(vertex_sum)[w]
+
+    keys = _edge_keys(wt, v64.shape[0]).reshape(-1)
+    unique, inverse = np.unique(keys, return_inverse=True)
+    edge_sum = _scatter_add(inverse.reshape(-1), np.repeat(n_face, 3, axis=0), unique.shape[0])
+    edge_normals = _normalise_rows(edge_sum)[inverse.reshape(-1)].reshape(-1, 3, 3)
+    return vertex_normals, edge_normals
+
+
+def balanced_edges(triangles: np.ndarray, welded: np.ndarray) -> bool:
+    """True when every (welded) edge is used as often in one direction as in the other: the
+    surface is closed in the winding-number sense (integer winding number everywhere)."""
+    wt = welded[np.asarray(triangles, np.int64)]
+    n = np.int64(welded.shape[0])
+    a, b = wt.reshape(-1), np.roll(wt, -1, axis=1).reshape(-1)
+    keep = a != b
+    a, b = a[keep], b[keep]
+    key = np.minimum(a, b) * n + np.maximum(a, b)
+    direction = np.where(a < b, 1, -1)
+    uniq, inverse = np.unique(key, return_inverse=True)
+    balance = np.zeros(uniq.shape[0], np.int64)
+    np.add.at(balance, inverse.reshape(-1), direction)
+    return bool(np.all(balance == 0))
+
+
+def has_slivers(vertices: np.ndarray, triangles: np.ndarray) -> bool:
+    """Any non-flat triangle with longest edge / height above SLIVER_ASPECT."""
+    corners = np.asarray(vertices, np.float64)[np.asarray(triangles, np.int64)]
+    longest2 = np.max(((corners - np.roll(corners, 1, axis=1)) ** 2).sum(axis=2), axis=1)
+    area2 = np.linalg.norm(np.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0]), axis=1)
+    real = area2 > FLAT_RATIO * longest2
+    # height = area2 / longest; aspect = longest / height = longest^2 / area2
+    return bool(np.any(longest2[real] > SLIVER_ASPECT * area2[real]))
+
+
+def surface_area(vertices: np.ndarray, triangles: np.ndarray) -> float:
+    _, area2 = _face_normals(np.asarray(vertices, np.float64), np.asarray(triangles, np.int64))
+    return float(0.5 * area2.sum())
+
+
+def winding_radius(vertices: np.ndarray, triangles: np.ndarray) -> float:
+    """Distance from the kernel-frame origin beyond which the winding number is below 0.5."""
+    v64 = np.asarray(vertices, np.float64)
+    _, area2 = _face_normals(v64, np.asarray(triangles, np.int64))
+    radius = float(np.sqrt((v64 ** 2).sum(axis=1).max()))
+    return radius + float(np.sqrt(0.5 * area2.sum() / (2.0 * np.pi))) * 1.001 + 1e-6
+
+
+def sign_data(vertices: np.ndarray, triangles: np.ndarray, winding_number: bool, method: SignMethod,
+              welded: np.ndarray | None = None) -> np.ndarray:
+    """The (V + 3T + 5, 3) float32 array described in the module docstring, for vertices given
+    in the kernel frame."""
+    w = weld(vertices) if welded is None else welded
+    vn, en = pseudo_normals(vertices, triangles, w)
+    v = np.asarray(vertices, np.float32)
+    box_bounds = balanced_edges(triangles, w)
+    extra = np.array([v.min(axis=0), v.max(axis=0),
+                      [SIGN_DATA_MAGIC, 1.0 if winding_number else 0.0, float(int(method))],
+                      [winding_radius(vertices, triangles), 1.0 if box_bounds else 0.0,
+                       1.0 if has_slivers(vertices, triangles) else 0.0],
+                      [surface_area(vertices, triangles), 0.0, 0.0]], np.float64)
+    return np.ascontiguousarray(np.concatenate([vn, en.reshape(-1, 3), extra]), dtype=np.float32)
+
+
+# ---------------------------------------------------------------------------------------- auto
+@dataclass
+class MeshClass:
+    """What ``auto`` found out about a geometry, and what it chose."""
+
+    method: SignMethod
+    reason: str
+    closed: bool
+    consistently_oriented: bool
+    shells: int
+    self_intersections: int
+    degenerate_triangles: int
+    volume: float
+    seconds: float = 0.0
+    details: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"sign_method": self.method.name.lower(), "reason": self.reason, "closed": self.closed,
+                "consistently_oriented": self.consistently_oriented, "shells": self.shells,
+                "self_intersections": self.self_intersections, "degenerate_triangles": self.degenerate_triangles,
+                "volume": self.volume, "classify_seconds": self.seconds}
+
+
+def _components(n_vertices: int, edges: np.ndarray) -> np.ndarray:
+    """Connected-component label per vertex (union-find by repeated min-label propagation with
+    pointer jumping, vectorised)."""
+    label = np.arange(n_vertices, dtype=np.int64)
+    if edges.size == 0:
+        return label
+    u, v = edges[:, 0], edges[:, 1]
+    while True:
+        lu, lv = label[u], label[v]
+        m = np.minimum(lu, lv)
+        before = label.copy()
+        np.minimum.at(label, lu, m)
+        np.minimum.at(label, lv, m)
+        # Pointer jumping: follow labels to their roots.
+        while True:
+            jumped = label[label]
+            if np.array_equal(jumped, label):
+                break
+            label = jumped
+        if np.array_equal(before, label):
+            return label
+
+
+@wp.func
+def _segment_hits_triangle(p: wp.vec3, q: wp.vec3, a: wp.vec3, b: wp.vec3, c: wp.vec3) -> int:
+    """1 if the closed segment pq crosses the triangle abc (not coplanar), else 0."""
+    e1 = b - a
+    e2 = c - a
+    d = q - p
+    h = wp.cross(d, e2)
+    det = wp.dot(e1, h)
+    scale = wp.length(e1) * wp.length(e2) * wp.length(d)
+    if wp.abs(det) <= 1.0e-7 * scale:
+        return 0
+    inv = 1.0 / det
+    s = p - a
+    bu = inv * wp.dot(s, h)
+    qv = wp.cross(s, e1)
+    bv = inv * wp.dot(d, qv)
+    t = inv * wp.dot(e2, qv)
+    eps = float(1.0e-6)
+    if bu < -eps or bv < -eps or bu + bv > 1.0 + eps or t < -eps or t > 1.0 + eps:
+        return 0
+    return 1
+
+
+@wp.kernel
+def self_intersection_kernel(
+    mesh: wp.uint64,
+    points: wp.array(dtype=wp.vec3),
+    edges: wp.array2d(dtype=wp.int32),
+    welded_triangles: wp.array2d(dtype=wp.int32),
+    out_count: wp.array(dtype=wp.int32),
+):
+    """Count (edge, triangle) crossings, each edge a bounded segment queried against the BVH;
+    triangles that share a (welded) vertex with the edge are adjacent, not intersecting."""
+    i = wp.tid()
+    u = edges[i, 0]
+    v = edges[i, 1]
+    wu = edges[i, 2]
+    wv = edges[i, 3]
+    p = points[u]
+    q = points[v]
+    pad = wp.vec3(1.0e-6, 1.0e-6, 1.0e-6)
+    query = wp.mesh_query_aabb(mesh, wp.min(p, q) - pad, wp.max(p, q) + pad)
+    face = int(0)
+    hits = int(0)
+    m = wp.mesh_get(mesh)
+    while wp.mesh_query_aabb_next(query, face):
+        w0 = welded_triangles[face, 0]
+        w1 = welded_triangles[face, 1]
+        w2 = welded_triangles[face, 2]
+        if w0 == wu or w1 == wu or w2 == wu or w0 == wv or w1 == wv or w2 == wv:
+            continue
+        a = m.points[m.indices[face * 3 + 0]]
+        b = m.points[m.indices[face * 3 + 1]]
+        c = m.points[m.indices[face * 3 + 2]]
+        hits += _segment_hits_triangle(p, q, a, b, c)
+    if hits > 0:
+        wp.atomic_add(out_count, 0, hits)
+
+
+def count_self_intersections(mesh: wp.Mesh, vertices: np.ndarray, triangles: np.ndarray, welded: np.ndarray) -> int:
+    """Edge-triangle crossings of a mesh with itself (0 for a clean surface); ``mesh`` is the
+    Warp mesh of ``vertices``/``triangles``, on any device."""
+    wt = welded[np.asarray(triangles, np.int64)]
+    tri = np.asarray(triangles, np.int64)
+    ok = (wt[:, 0] != wt[:, 1]) & (wt[:, 1] != wt[:, 2]) & (wt[:, 2] != wt[:, 0])
+    keys = _edge_keys(wt[ok], welded.shape[0]).reshape(-1)
+    ends = np.stack([tri[ok], np.roll(tri[ok], -1, axis=1)], axis=-1).reshape(-1, 2)
+    _, first = np.unique(keys, return_index=True)
+    ends = ends[first]
+    edges = np.concatenate([ends, welded[ends]], axis=1).astype(np.int32)
+    if edges.shape[0] == 0:
+        return 0
+    dev = mesh.points.device
+    count = wp.zeros(1, dtype=wp.int32, device=dev)
+    wp.launch(self_intersection_kernel, dim=edges.shape[0],
+              inputs=[mesh.id, mesh.points, wp.array(edges, dtype=wp.int32, device=dev),
+                      wp.array(wt.astype(np.int32), dtype=wp.int32, device=dev)],
+              outputs=[count], device=dev)
+    return int(count.numpy()[0])
+
+
+def classify(vertices: np.ndarray, triangles: np.ndarray, welded: np.ndarray | None = None,
+             mesh_factory=None) -> tuple[MeshClass, wp.Mesh | None]:
+    """The ``auto`` decision: ``normal`` for one closed, consistently and outward oriented shell
+    without self-intersections; ``winding_number`` for anything else.
+
+    The topology checks run first (numpy); only a mesh that passes them needs a BVH for the
+    self-intersection test: ``mesh_factory()`` builds the Warp mesh of vertices/triangles, and it
+    is returned for reuse (None when no BVH was needed).
+    """
+    import time
+
+    t0 = time.perf_counter()
+    v64 = np.asarray(vertices, np.float64)
+    tri = np.asarray(triangles, np.int64)
+    w = weld(vertices) if welded is None else welded
+    wt = w[tri]
+    repeated = (wt[:, 0] == wt[:, 1]) | (wt[:, 1] == wt[:, 2]) | (wt[:, 2] == wt[:, 0])
+    _, area2 = _face_normals(v64, tri)
+    # Flat triangles (zero area, or collinear corners up to float32 rounding: height below 1e-6
+    # of the longest edge) have no surface: they neither open nor close the mesh.
+    corners = v64[tri]
+    longest2 = np.max(((corners - np.roll(corners, 1, axis=1)) ** 2).sum(axis=2), axis=1)
+    flat = repeated | (area2 <= FLAT_RATIO * longest2)
+    degenerate = int(np.count_nonzero(flat))
+    good = wt[~flat]
+    n = np.int64(v64.shape[0])
+    directed = np.stack([good, np.roll(good, -1, axis=1)], axis=-1).reshape(-1, 2)
+    forward = directed[:, 0] * n + directed[:, 1]
+    backward = directed[:, 1] * n + directed[:, 0]
+    _, directed_counts = np.unique(forward, return_counts=True)
+    undirected, undirected_counts = np.unique(np.minimum(forward, backward), return_counts=True)
+    # Closed: every edge has exactly two triangles; consistently oriented: they use it in
+    # opposite directions (then no directed edge appears twice).
+    closed = bool(undirected_counts.size and np.all(undirected_counts == 2))
+    oriented = closed and bool(np.all(directed_counts == 1))
+    used = np.unique(good)
+    labels = _components(int(n), np.stack([undirected // n, undirected % n], axis=1))
+    shells = int(np.unique(labels[used]).shape[0]) if used.size else 0
+    a, b, c = v64[tri[:, 0]], v64[tri[:, 1]], v64[tri[:, 2]]
+    centre = v64.mean(axis=0)
+    volume = float(np.einsum("ij,ij->i", a - centre, np.cross(b - centre, c - centre)).sum() / 6.0)
+    crossings = 0
+    mesh = None
+    if not closed:
+        reason = "open surface (some edge has one triangle or more than two)"
+    elif not oriented:
+        reason = "triangles not consistently oriented"
+    elif shells != 1:
+        reason = f"{shells} shells (separate, touching, overlapping or nested bodies in one mesh)"
+    elif volume <= 0.0:
+        reason = "inside out (negative volume)"
+    else:
+        mesh = mesh_factory() if mesh_factory is not None else wp.Mesh(
+            points=wp.array(np.asarray(vertices, np.float32), dtype=wp.vec3),
+            indices=wp.array(np.asarray(triangles, np.int32).reshape(-1), dtype=wp.int32))
+        crossings = count_self_intersections(mesh, vertices, triangles, w)
+        if crossings:
+            reason = f"self-intersecting ({crossings} edge-triangle crossings)"
+        else:
+            reason = "one closed, consistently oriented shell without self-intersections"
+    method = SignMethod.NORMAL if reason.startswith("one closed") else SignMethod.WINDING_NUMBER
+    return (MeshClass(method, reason, closed, oriented, shells, crossings, degenerate, volume,
+                      time.perf_counter() - t0), mesh)
