@@ -106,6 +106,12 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("max_points_per_request", 1_000_000, "Largest number of points one "
               "query_signed_distance request may carry (also bounds the distance slice).",
               ">= 1", _at_least(1), int_range=(1, _INT_MAX)),
+    ParamSpec("max_coordinate", 1e5, "Largest |x|, |y|, |z| of a request sphere or point [m]; "
+              "farther ones are refused (float32 resolution is ~6 mm at 1e5 m).", "> 0", _positive,
+              float_range=(0.0, 1e30)),
+    ParamSpec("max_length", 1000.0, "Largest sphere radius, activation_distance and max_distance a "
+              "request may send [m]; larger ones are refused instead of answering inf.", "> 0",
+              _positive, float_range=(0.0, 1e30)),
     ParamSpec("scene_file", "", "Scene YAML with static obstacles loaded at start; empty = none.",
               "path or empty"),
     ParamSpec("marker_rate_hz", 2.0, "Rate of ~/markers updates [Hz]; 0 = no markers.", ">= 0",
@@ -154,6 +160,8 @@ class ServerConfig:
     max_spheres_per_request: int
     max_sweep_steps: int
     max_points_per_request: int
+    max_coordinate: float
+    max_length: float
     scene_file: str
     marker_rate_hz: float
     publish_request_markers: bool

@@ -44,6 +44,7 @@ from std_msgs.msg import Header
 from visualization_msgs.msg import MarkerArray
 
 from robot_sdf import MeshWorld
+from robot_sdf.requests import CostResult, RequestError, RequestSettings, RequestTranslator  # noqa: F401
 from robot_sdf.ros import conversions as conv
 from robot_sdf.ros.markers import MarkerState
 from robot_sdf.ros.parameters import ConfigError, ServerConfig, declare_and_validate
@@ -57,10 +58,6 @@ MESH_QOS = conv.MESH_OBSTACLE_QOS
 POSE_QOS = QoSProfile(depth=10, history=HistoryPolicy.KEEP_LAST,
                       reliability=ReliabilityPolicy.BEST_EFFORT,
                       durability=DurabilityPolicy.VOLATILE)
-
-
-class RequestError(ValueError):
-    """A service request that cannot be served; its text goes into response.message."""
 
 
 class RejectedInput(ValueError):
@@ -152,6 +149,10 @@ class SdfServer(Node):
                                    max_distance=cfg.max_distance)
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(f"cannot create the mesh world on device '{cfg.device}': {exc}") from exc
+        self._requests = RequestTranslator(self.world, RequestSettings(
+            activation_distance=cfg.activation_distance, weight=cfg.weight, max_distance=cfg.max_distance,
+            max_spheres_per_request=cfg.max_spheres_per_request, max_points_per_request=cfg.max_points_per_request,
+            max_sweep_steps=cfg.max_sweep_steps, max_coordinate=cfg.max_coordinate, max_length=cfg.max_length))
         pose_topics = self._load_scene(cfg.scene_file)
         # Counted now: once the update thread runs, topic meshes (transient_local) may join in.
         self._scene_count, self._scene_revision = self.world.mesh_count(), self.world.revision
@@ -393,105 +394,47 @@ class SdfServer(Node):
             if hasattr(response, field):
                 setattr(response, field, conv.float32_array(np.zeros(0)))
 
-    def _scalar_or_default(self, value: float, default: float, name: str) -> float:
-        if value <= 0:
-            return default  # the contract: <= 0 means "node default"
-        if not math.isfinite(value):
-            raise RequestError(f"{name} must be finite, got {value}")
-        return float(value)
-
-    def _spheres(self, request) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Common cost request fields -> spheres (b,h,n,4) tensor, env_index (b,) or None.
-
-        Checks what MeshWorld does not: sizes, the request limit and finite values (env_index
-        length and range are the world's checks).
-        """
-        b, h, n = int(request.batch), int(request.horizon), int(request.spheres_per_step)
-        count = b * h * n  # Python ints: no overflow whatever the uint32 fields hold
-        if count == 0:
-            raise RequestError(f"batch, horizon and spheres_per_step must be > 0, got {b}, {h}, {n}")
-        if count > self.config.max_spheres_per_request:
-            raise RequestError(f"batch*horizon*spheres_per_step = {count} exceeds "
-                               f"max_spheres_per_request {self.config.max_spheres_per_request}")
-        flat = conv.as_float32(request.spheres)
-        if flat.size != 4 * count:
-            raise RequestError(f"spheres has {flat.size} floats, expected "
-                               f"batch*horizon*spheres_per_step*4 = {4 * count}")
-        if not np.isfinite(flat).all():
-            bad = np.unravel_index(int(np.flatnonzero(~np.isfinite(flat))[0]), (b, h, n, 4))
-            raise RequestError(f"sphere (batch {bad[0]}, step {bad[1]}, sphere {bad[2]}) is not "
-                               f"finite")
-        env = conv.as_uint32(request.env_index)
-        spheres = torch.from_numpy(flat.reshape(b, h, n, 4)).to(self.world.device)
-        return spheres, torch.from_numpy(env.astype(np.int64)) if env.size else None
-
-    def _fill_cost(self, response, request, spheres, cost, grad, revision: int) -> None:
-        response.world_revision = int(revision)
-        cost_np = cost.detach().cpu().numpy()
-        response.cost = conv.float32_array(cost_np)
-        if request.compute_gradient:
-            response.gradient = conv.float32_array(grad.detach().cpu().numpy())
+    def _fill_cost(self, response, result: CostResult, compute_gradient: bool) -> None:
+        response.world_revision = result.world_revision
+        response.cost = conv.float32_array(result.cost)
+        if compute_gradient:
+            response.gradient = conv.float32_array(result.gradient)
         if self.config.publish_request_markers and self.config.marker_rate_hz > 0:
             k = self.config.marker_max_spheres
-            row = spheres[0].reshape(-1, 4)[:k].cpu().numpy().copy()  # not a view of the request
+            row = result.spheres[0].reshape(-1, 4)[:k].copy()  # not a view of the request
+            cost_row = result.cost[:result.spheres[0].size // 4][:k].copy()
             with self._request_lock:
-                self._last_request = (row, cost_np[0].reshape(-1)[:k].copy())
+                self._last_request = (row, cost_row)
                 self._request_seq += 1
 
     def _on_sphere_cost(self, request, response):
         def compute(resp) -> None:
-            spheres, env_index = self._spheres(request)
-            eta, weight = self._cost_scalars(request)
-            cost, grad, rev = self.world.evaluate_sphere_cost(
-                spheres, activation_distance=eta, weight=weight, env_index=env_index,
-                compute_gradient=bool(request.compute_gradient), return_revision=True)
-            self._fill_cost(resp, request, spheres, cost, grad, rev)
+            result = self._requests.sphere_cost(
+                request.batch, request.horizon, request.spheres_per_step, conv.as_float32(request.spheres),
+                conv.as_uint32(request.env_index), request.activation_distance, request.weight,
+                bool(request.compute_gradient))
+            self._fill_cost(resp, result, bool(request.compute_gradient))
 
         return self._serve("evaluate_sphere_cost", response, compute)
 
     def _on_swept_sphere_cost(self, request, response):
         def compute(resp) -> None:
-            spheres, env_index = self._spheres(request)
-            eta, weight = self._cost_scalars(request)
-            steps = int(request.sweep_steps)
-            if steps > self.config.max_sweep_steps:
-                raise RequestError(f"sweep_steps {steps} exceeds max_sweep_steps "
-                                   f"{self.config.max_sweep_steps}")
-            cost, grad, rev = self.world.evaluate_swept_sphere_cost(
-                spheres, activation_distance=eta, weight=weight, sweep_steps=steps,
-                speed_dt=float(request.speed_dt), enable_speed_metric=bool(request.enable_speed_metric), env_index=env_index,
-                compute_gradient=bool(request.compute_gradient), return_revision=True)
-            self._fill_cost(resp, request, spheres, cost, grad, rev)
+            result = self._requests.swept_sphere_cost(
+                request.batch, request.horizon, request.spheres_per_step, conv.as_float32(request.spheres),
+                conv.as_uint32(request.env_index), request.activation_distance, request.weight,
+                bool(request.compute_gradient), request.sweep_steps, request.speed_dt,
+                bool(request.enable_speed_metric))
+            self._fill_cost(resp, result, bool(request.compute_gradient))
 
         return self._serve("evaluate_swept_sphere_cost", response, compute)
 
-    def _cost_scalars(self, request) -> tuple[float, float]:
-        return (self._scalar_or_default(request.activation_distance,
-                                        self.config.activation_distance, "activation_distance"),
-                self._scalar_or_default(request.weight, self.config.weight, "weight"))
-
     def _on_query_signed_distance(self, request, response):
         def compute(resp) -> None:
-            flat = conv.as_float32(request.points)
-            if flat.size == 0:
-                raise RequestError("points is empty")
-            if flat.size % 3:
-                raise RequestError(f"points has {flat.size} floats, not a multiple of 3")
-            n = flat.size // 3
-            if n > self.config.max_points_per_request:
-                raise RequestError(f"{n} points exceed max_points_per_request "
-                                   f"{self.config.max_points_per_request}")
-            if not np.isfinite(flat).all():
-                bad = int(np.flatnonzero(~np.isfinite(flat))[0]) // 3
-                raise RequestError(f"point {bad} is not finite")
-            max_d = self._scalar_or_default(request.max_distance, self.config.max_distance,
-                                            "max_distance")
-            points = torch.from_numpy(flat.reshape(n, 3)).to(self.world.device)
-            dist, grad, rev = self.world.signed_distance(points, env=int(request.env), max_distance=max_d,
-                                                         return_revision=True)
-            resp.world_revision = int(rev)
-            resp.distance = conv.float32_array(dist.detach().cpu().numpy())
-            resp.gradient = conv.float32_array(grad.detach().cpu().numpy())
+            result = self._requests.signed_distance(conv.as_float32(request.points), int(request.env),
+                                                    request.max_distance)
+            resp.world_revision = result.world_revision
+            resp.distance = conv.float32_array(result.distance)
+            resp.gradient = conv.float32_array(result.gradient)
 
         return self._serve("query_signed_distance", response, compute)
 
