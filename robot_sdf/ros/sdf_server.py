@@ -44,17 +44,27 @@ from std_msgs.msg import Header
 from visualization_msgs.msg import MarkerArray
 
 from robot_sdf import MeshWorld
+from robot_sdf.memory import TrimScheduler
 from robot_sdf.requests import CostResult, RequestError, RequestSettings, RequestTranslator  # noqa: F401
 from robot_sdf.ros import conversions as conv
 from robot_sdf.ros.markers import MarkerState
 from robot_sdf.ros.parameters import ConfigError, ServerConfig, declare_and_validate
+from robot_sdf.ros.update_queue import LatencyWindow, UpdateQueue
+from robot_sdf.ros.world_updates import apply_add
 from robot_sdf_interfaces.msg import MeshObstacle, ObstaclePose
 from robot_sdf_interfaces.srv import EvaluateSphereCost, EvaluateSweptSphereCost, QuerySignedDistance
 
 NODE_NAME = "sdf_server"
 # The same rejection (same input, same reason) is logged at most once per this period.
 _REJECT_LOG_PERIOD_S = 1.0
+# Requests with at least this many floats (16 MB) are followed by a heap trim (robot_sdf.memory).
+_TRIM_AFTER_FLOATS = 4_000_000
 MESH_QOS = conv.MESH_OBSTACLE_QOS
+# The node's side of ~/mesh_obstacles: KEEP_ALL, so the middleware never overwrites a message
+# the node has not taken (the callback only queues it, see update_queue.py); reliable and
+# transient_local like MESH_OBSTACLE_QOS, so every producer publishing with it matches.
+MESH_SUBSCRIPTION_QOS = QoSProfile(history=HistoryPolicy.KEEP_ALL, reliability=ReliabilityPolicy.RELIABLE,
+                                   durability=DurabilityPolicy.TRANSIENT_LOCAL)
 POSE_QOS = QoSProfile(depth=10, history=HistoryPolicy.KEEP_LAST,
                       reliability=ReliabilityPolicy.BEST_EFFORT,
                       durability=DurabilityPolicy.VOLATILE)
@@ -146,7 +156,7 @@ class SdfServer(Node):
         try:
             self.world = MeshWorld(device=cfg.device, num_envs=cfg.num_envs,
                                    mesh_capacity=cfg.mesh_capacity, sign_method=cfg.sign_method,
-                                   max_distance=cfg.max_distance)
+                                   max_distance=cfg.max_distance, geometry_cache_bytes=cfg.geometry_cache_mb * 2**20)
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(f"cannot create the mesh world on device '{cfg.device}': {exc}") from exc
         self._requests = RequestTranslator(self.world, RequestSettings(
@@ -159,6 +169,7 @@ class SdfServer(Node):
         self._warm_up()
 
         self._stats = RequestStats()
+        self._trim = TrimScheduler()
         self._rejected = 0
         self._reject_log: dict[tuple[str, str], tuple[float, int]] = {}
         self._count_lock = threading.Lock()
@@ -223,8 +234,11 @@ class SdfServer(Node):
         mesh_group = MutuallyExclusiveCallbackGroup()
         pose_group = MutuallyExclusiveCallbackGroup()
         node = self._updates_node
+        self._applied_latency = LatencyWindow()
+        self._mesh_updates = UpdateQueue(self._apply_queued_mesh_obstacle, self._on_update_error,
+                                         max_pending_bytes=self.config.max_pending_update_mb * 2**20)
         node.create_subscription(MeshObstacle, self.resolve_topic_name("~/mesh_obstacles"), self._on_mesh_obstacle,
-                                 MESH_QOS, callback_group=mesh_group)
+                                 MESH_SUBSCRIPTION_QOS, callback_group=mesh_group)
         node.create_subscription(ObstaclePose, self.resolve_topic_name("~/obstacle_poses"), self._on_obstacle_pose,
                                  POSE_QOS, callback_group=pose_group)
         for topic, targets in pose_topics.items():
@@ -242,6 +256,9 @@ class SdfServer(Node):
         except (ExternalShutdownException, KeyboardInterrupt):
             pass
 
+    def _on_update_error(self, msg, exc: BaseException) -> None:
+        self._reject(f"MeshObstacle '{getattr(msg, 'id', '?')}'", f"internal error {type(exc).__name__}: {exc}")
+
     def destroy_node(self) -> None:
         updates = getattr(self, "_updates_executor", None)
         if updates is not None:
@@ -249,6 +266,10 @@ class SdfServer(Node):
             self._updates_thread.join(timeout=5.0)
             self._updates_node.destroy_node()
             self._updates_executor = None
+            self._mesh_updates.close(timeout=5.0)
+        trim = getattr(self, "_trim", None)
+        if trim is not None:
+            trim.close()
         super().destroy_node()
 
     def _load_scene(self, path: str) -> dict[str, list[tuple[str, int]]]:
@@ -319,9 +340,19 @@ class SdfServer(Node):
                                 f"'{self.config.world_frame}'")
 
     def _on_mesh_obstacle(self, msg: MeshObstacle) -> None:
+        """Subscription callback: O(1), only queues (the worker applies, see update_queue.py)."""
+        nbytes = 4 * (len(msg.vertices) + len(msg.triangles)) + 48 * (len(msg.mesh.vertices) + len(msg.mesh.triangles))
+        self._mesh_updates.put((int(msg.env), msg.id), msg, supersedable=msg.operation == MeshObstacle.ADD,
+                               nbytes=nbytes)
+
+    def _apply_queued_mesh_obstacle(self, msg: MeshObstacle) -> None:
+        """Worker side: apply one MeshObstacle, log its outcome, record stamp -> applied latency."""
         op = conv.OPERATION_NAMES.get(msg.operation)
         what = f"MeshObstacle {op or msg.operation} '{msg.id}' env {msg.env}"
         self._guarded(what, lambda: self._apply_mesh_obstacle(msg, op))
+        stamp = msg.header.stamp
+        if stamp.sec or stamp.nanosec:
+            self._applied_latency.record(time.time() - (stamp.sec + 1e-9 * stamp.nanosec))
 
     def _apply_mesh_obstacle(self, msg: MeshObstacle, op: str | None) -> str:
         if op is None:
@@ -330,14 +361,10 @@ class SdfServer(Node):
         self._check_frame(msg.header.frame_id)
         world, env = self.world, int(msg.env)
         if op == "ADD":
-            vertices, triangles = conv.mesh_arrays(msg)
-            # ADD replaces geometry and pose (design.md 5); a DISABLEd id stays disabled.
-            enabled = world.mesh_geometry(msg.id, env)[3] if world.has_mesh(msg.id, env) else True
-            rev = world.add_mesh(msg.id, vertices, triangles, pose=conv.pose_to_array(msg.pose), env=env,
-                                 enabled=enabled)
-            return f"{vertices.size // 3} vertices, {triangles.size // 3} triangles -> revision {rev}"
+            return apply_add(world, msg.id, env, msg, self.config)
         if op == "REMOVE":
             rev = world.remove_mesh(msg.id, env=env)
+            self._trim.request()  # a removed geometry may have freed a lot (or sits in the cache)
         elif op == "MOVE":
             world.set_pose(msg.id, conv.pose_to_array(msg.pose), env=env)
             return ""  # poses may stream at high rate: not logged
@@ -372,7 +399,7 @@ class SdfServer(Node):
 
     # ------------------------------------------------------------------ services
 
-    def _serve(self, name: str, response, compute: Callable[[Any], None]):
+    def _serve(self, name: str, request, response, compute: Callable[[Any], None]):
         """Fill ``response`` via ``compute``; turn any failure into success=false + message."""
         t0 = time.perf_counter()
         try:
@@ -385,6 +412,8 @@ class SdfServer(Node):
             self._fail(response, f"internal error {type(exc).__name__}: {exc}")
             self.get_logger().error(f"{name}: internal error: {exc!r}")
         self._stats.record(time.perf_counter() - t0, response.success)
+        if len(getattr(request, "spheres", getattr(request, "points", ()))) >= _TRIM_AFTER_FLOATS:
+            self._trim.request()  # the request's buffers are freed once this callback returned
         return response
 
     def _fail(self, response, message: str) -> None:
@@ -415,7 +444,7 @@ class SdfServer(Node):
                 bool(request.compute_gradient))
             self._fill_cost(resp, result, bool(request.compute_gradient))
 
-        return self._serve("evaluate_sphere_cost", response, compute)
+        return self._serve("evaluate_sphere_cost", request, response, compute)
 
     def _on_swept_sphere_cost(self, request, response):
         def compute(resp) -> None:
@@ -426,7 +455,7 @@ class SdfServer(Node):
                 bool(request.enable_speed_metric))
             self._fill_cost(resp, result, bool(request.compute_gradient))
 
-        return self._serve("evaluate_swept_sphere_cost", response, compute)
+        return self._serve("evaluate_swept_sphere_cost", request, response, compute)
 
     def _on_query_signed_distance(self, request, response):
         def compute(resp) -> None:
@@ -436,7 +465,7 @@ class SdfServer(Node):
             resp.distance = conv.float32_array(result.distance)
             resp.gradient = conv.float32_array(result.gradient)
 
-        return self._serve("query_signed_distance", response, compute)
+        return self._serve("query_signed_distance", request, response, compute)
 
     # ------------------------------------------------------------------ publishers
 
@@ -476,6 +505,7 @@ class SdfServer(Node):
                 "request_rate_hz": f"{rate:.3f}", "latency_p50_ms": f"{1e3 * p50:.3f}",
                 "latency_p95_ms": f"{1e3 * p95:.3f}", "rejected_messages": self._rejected,
             }
+            values.update(self._update_diagnostics())
             status = DiagnosticStatus(level=DiagnosticStatus.OK, name=f"{self.get_fully_qualified_name().lstrip('/')}: mesh world",
                                       hardware_id=str(self.world.device),
                                       message=f"{n_mesh} meshes, revision {rev}",
@@ -485,6 +515,16 @@ class SdfServer(Node):
             self._diag_pub.publish(msg)
         except Exception as exc:  # noqa: BLE001
             self.get_logger().error(f"diagnostics: {exc!r}")
+
+    def _update_diagnostics(self) -> dict[str, str]:
+        """Counters of the mesh update queue and stamp -> applied latency percentiles."""
+        q = self._mesh_updates.stats()
+        p50, p99, worst = self._applied_latency.percentiles()
+        return {"updates_enqueued": str(q.enqueued), "updates_applied": str(q.applied),
+                "updates_coalesced": str(q.coalesced), "updates_pending": str(q.pending),
+                "updates_pending_bytes": str(q.pending_bytes), "updates_blocked": str(q.blocked),
+                "update_applied_p50_ms": f"{1e3 * p50:.3f}", "update_applied_p99_ms": f"{1e3 * p99:.3f}",
+                "update_applied_max_ms": f"{1e3 * worst:.3f}"}
 
     def last_request(self) -> tuple[int, tuple[np.ndarray, np.ndarray] | None]:
         """(sequence number, (spheres (k,4), cost (k,)) of batch row 0 of the last cost request)."""
