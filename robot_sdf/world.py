@@ -227,6 +227,13 @@ class MeshWorld:
             slot = self._require(name, env)
             return slot.geometry.vertices, slot.geometry.triangles, slot.pose.copy(), slot.enabled
 
+    def export_meshes(self) -> list[tuple[int, str, np.ndarray, np.ndarray, np.ndarray, bool]]:
+        """Every slot as (env, name, vertices, triangles, pose, enabled) (see mesh_geometry), read
+        under the writer lock: one consistent world state (used to persist the world)."""
+        with self._write_lock:
+            return [(env, slot.name) + self.mesh_geometry(slot.name, env)
+                    for env, slots in enumerate(self._slots) for slot in slots]
+
     # ------------------------------------------------------------------ mutations
     def add_mesh(self, name: str, vertices, triangles, pose=None, env: int = 0, enabled: bool = True) -> int:
         """Add a mesh, or replace the geometry, pose and enable flag of an existing ``name``.

@@ -88,15 +88,19 @@ def _pose(x, y=0.0, z=0.0):
     return np.array([x, y, z, 1.0, 0.0, 0.0, 0.0])
 
 
-def test_burst_of_1000_distinct_ids_is_applied_whole(node):
+# The failing case was 300 ids (100 applied); bench/soak.py --burst runs 1000 and more.
+BURST = 300
+
+
+def test_burst_of_distinct_ids_is_applied_whole(node):
     pub = _publisher(node)
     rev0 = node.revision()
-    n = 1000
+    n = BURST
     t0 = time.perf_counter()
     for i in range(n):  # back to back, as fast as rclpy publishes
         pub.publish(make_mesh_obstacle(f"burst{i}", TETRA_V, TETRA_T, _pose(0.3 * (i % 40), 0.3 * (i // 40), 10.0)))
-    rh.wait_until(lambda: node.revision() >= rev0 + n, 60.0, 0.2, what="all 1000 ADDs")
-    print(f"1000 ADDs applied {time.perf_counter() - t0:.2f} s after the first publish")
+    rh.wait_until(lambda: node.revision() >= rev0 + n, 60.0, 0.2, what="every ADD")
+    print(f"{n} ADDs applied {time.perf_counter() - t0:.2f} s after the first publish")
     assert node.revision() == rev0 + n
     # every tetrahedron is where its message put it: distance to its corner vertex is 0
     corners = np.array([[0.3 * (i % 40), 0.3 * (i // 40), 10.0] for i in range(0, n, 37)])
@@ -105,7 +109,7 @@ def test_burst_of_1000_distinct_ids_is_applied_whole(node):
     # and removing them all is lossless too
     for i in range(n):
         pub.publish(make_mesh_obstacle(f"burst{i}", None, None, operation=MeshObstacle.REMOVE))
-    rh.wait_until(lambda: node.revision() >= rev0 + 2 * n, 60.0, what="all 1000 REMOVEs")
+    rh.wait_until(lambda: node.revision() >= rev0 + 2 * n, 60.0, what="every REMOVE")
     assert "rejected" not in node.node.log()
 
 

@@ -45,6 +45,7 @@ from visualization_msgs.msg import MarkerArray
 
 from robot_sdf import MeshWorld
 from robot_sdf.memory import TrimScheduler
+from robot_sdf.state import SCENE_FILE, StateSaver, WorldStore, restore_world
 from robot_sdf.requests import CostResult, RequestError, RequestSettings, RequestTranslator  # noqa: F401
 from robot_sdf.ros import conversions as conv
 from robot_sdf.ros.markers import MarkerState
@@ -59,6 +60,8 @@ NODE_NAME = "sdf_server"
 _REJECT_LOG_PERIOD_S = 1.0
 # Requests with at least this many floats (16 MB) are followed by a heap trim (robot_sdf.memory).
 _TRIM_AFTER_FLOATS = 4_000_000
+# Update stamps kept per (env, id) (for skipping replays) before those of removed ids are pruned.
+_MAX_STAMPS = 100_000
 MESH_QOS = conv.MESH_OBSTACLE_QOS
 # The node's side of ~/mesh_obstacles: KEEP_ALL, so the middleware never overwrites a message
 # the node has not taken (the callback only queues it, see update_queue.py); reliable and
@@ -164,6 +167,10 @@ class SdfServer(Node):
             max_spheres_per_request=cfg.max_spheres_per_request, max_points_per_request=cfg.max_points_per_request,
             max_sweep_steps=cfg.max_sweep_steps, max_coordinate=cfg.max_coordinate, max_length=cfg.max_length))
         pose_topics = self._load_scene(cfg.scene_file)
+        self._count_lock = threading.Lock()
+        self._stamps: dict[tuple[int, str], tuple[int, int]] = {}
+        self._stale_skipped = 0
+        self._saver = self._restore_state(cfg.state_dir)
         # Counted now: once the update thread runs, topic meshes (transient_local) may join in.
         self._scene_count, self._scene_revision = self.world.mesh_count(), self.world.revision
         self._warm_up()
@@ -172,7 +179,6 @@ class SdfServer(Node):
         self._trim = TrimScheduler()
         self._rejected = 0
         self._reject_log: dict[tuple[str, str], tuple[float, int]] = {}
-        self._count_lock = threading.Lock()
         self._request_lock = threading.Lock()
         self._last_request: tuple[np.ndarray, np.ndarray] | None = None
         self._request_seq = 0
@@ -255,6 +261,9 @@ class SdfServer(Node):
             self._updates_executor.spin()
         except (ExternalShutdownException, KeyboardInterrupt):
             pass
+        except Exception:  # noqa: BLE001 - rclpy raises RCLError when SIGINT shut the context down
+            if self.context.ok():
+                raise
 
     def _on_update_error(self, msg, exc: BaseException) -> None:
         self._reject(f"MeshObstacle '{getattr(msg, 'id', '?')}'", f"internal error {type(exc).__name__}: {exc}")
@@ -267,6 +276,9 @@ class SdfServer(Node):
             self._updates_node.destroy_node()
             self._updates_executor = None
             self._mesh_updates.close(timeout=5.0)
+        saver = getattr(self, "_saver", None)
+        if saver is not None:
+            saver.close()  # saves what is pending
         trim = getattr(self, "_trim", None)
         if trim is not None:
             trim.close()
@@ -293,6 +305,45 @@ class SdfServer(Node):
             if spec.pose_topic:
                 topics.setdefault(spec.pose_topic, []).append((spec.id, spec.env))
         return topics
+
+    def _restore_state(self, state_dir: str):
+        """Restore the world saved in ``state_dir`` (if any) and return its StateSaver, or None.
+
+        A state that cannot be read is moved aside (``scene.json.unreadable-<time>``) and the node
+        starts from its scene file: a bad file must not keep the node from starting.
+        """
+        if not state_dir:
+            return None
+        try:
+            store = WorldStore(state_dir)
+        except OSError as exc:
+            raise ConfigError(f"state_dir '{state_dir}' cannot be used: {exc}") from exc
+        try:
+            saved = store.load()
+        except ValueError as exc:
+            aside = store.root / f"{SCENE_FILE}.unreadable-{int(time.time())}"
+            (store.root / SCENE_FILE).replace(aside)
+            self.get_logger().error(f"{exc}; moved it to {aside}, starting from the scene file")
+            saved = None
+        if saved is not None:
+            for warning in restore_world(self.world, saved):
+                self.get_logger().warning(warning)
+            self._stamps.update(saved.stamps)
+            self.get_logger().info(f"restored {len(saved.meshes)} meshes from {store.root} "
+                                   f"(saved at revision {saved.revision})")
+        saver = StateSaver(store, self._state_snapshot,
+                           on_error=lambda exc: self.get_logger().error(f"saving the world failed: {exc!r}"))
+        saver.mark_dirty()
+        return saver
+
+    def _state_snapshot(self):
+        with self._count_lock:
+            stamps = dict(self._stamps)  # before the world: a newer world than stamps is safe
+        return self.world.export_meshes(), stamps, self.world.revision
+
+    def _state_changed(self) -> None:
+        if self._saver is not None:
+            self._saver.mark_dirty()
 
     def _warm_up(self) -> None:
         """Run each query once so the Warp kernels are loaded before the services appear."""
@@ -321,8 +372,8 @@ class SdfServer(Node):
         repeats = f" ({suppressed} identical rejections not logged)" if suppressed else ""
         self.get_logger().warning(f"rejected {what}: {why}{repeats}")
 
-    def _guarded(self, what: str, apply: Callable[[], str]) -> None:
-        """Run one world update; log its outcome; never let an exception escape."""
+    def _guarded(self, what: str, apply: Callable[[], str]) -> bool:
+        """Run one world update; log its outcome; never let an exception escape. True if applied."""
         try:
             done = apply()
         except _REFUSED as exc:
@@ -332,6 +383,9 @@ class SdfServer(Node):
         else:
             if done:
                 self.get_logger().info(f"{what}: {done}")
+            self._state_changed()
+            return True
+        return False
 
     def _check_frame(self, frame_id: str) -> None:
         # Ids, envs, geometry and poses are checked by MeshWorld itself; frames are ROS-only.
@@ -346,13 +400,35 @@ class SdfServer(Node):
                                nbytes=nbytes)
 
     def _apply_queued_mesh_obstacle(self, msg: MeshObstacle) -> None:
-        """Worker side: apply one MeshObstacle, log its outcome, record stamp -> applied latency."""
+        """Worker side: apply one MeshObstacle, log its outcome, record stamp -> applied latency.
+
+        A stamped message older than the last one applied for its id is skipped (counted): it is
+        a replay (transient_local history, a ScenePublisher re-send) of something this world
+        already moved past, e.g. after a restart from state_dir."""
         op = conv.OPERATION_NAMES.get(msg.operation)
         what = f"MeshObstacle {op or msg.operation} '{msg.id}' env {msg.env}"
-        self._guarded(what, lambda: self._apply_mesh_obstacle(msg, op))
-        stamp = msg.header.stamp
-        if stamp.sec or stamp.nanosec:
-            self._applied_latency.record(time.time() - (stamp.sec + 1e-9 * stamp.nanosec))
+        stamp = (int(msg.header.stamp.sec), int(msg.header.stamp.nanosec))
+        key = (int(msg.env), msg.id)
+        if stamp != (0, 0):
+            with self._count_lock:
+                last = self._stamps.get(key)
+                if last is not None and stamp < last:
+                    self._stale_skipped += 1
+                    return
+        if self._guarded(what, lambda: self._apply_mesh_obstacle(msg, op)) and stamp != (0, 0):
+            with self._count_lock:
+                self._stamps[key] = stamp
+                if len(self._stamps) > _MAX_STAMPS:
+                    self._forget_removed_stamps()
+        if stamp != (0, 0):
+            self._applied_latency.record(time.time() - (stamp[0] + 1e-9 * stamp[1]))
+
+    def _forget_removed_stamps(self) -> None:
+        """Bound the stamp table: drop the oldest half of the stamps of ids no longer in the world."""
+        gone = sorted((v, k) for k, v in self._stamps.items()
+                      if not (0 <= k[0] < self.world.num_envs and self.world.has_mesh(k[1], k[0])))
+        for _, k in gone[:max(1, len(gone) // 2)]:
+            del self._stamps[k]
 
     def _apply_mesh_obstacle(self, msg: MeshObstacle, op: str | None) -> str:
         if op is None:
@@ -524,7 +600,8 @@ class SdfServer(Node):
                 "updates_coalesced": str(q.coalesced), "updates_pending": str(q.pending),
                 "updates_pending_bytes": str(q.pending_bytes), "updates_blocked": str(q.blocked),
                 "update_applied_p50_ms": f"{1e3 * p50:.3f}", "update_applied_p99_ms": f"{1e3 * p99:.3f}",
-                "update_applied_max_ms": f"{1e3 * worst:.3f}"}
+                "update_applied_max_ms": f"{1e3 * worst:.3f}", "updates_stale_skipped": str(self._stale_skipped),
+                "state_saves": str(self._saver.saves if self._saver is not None else 0)}
 
     def last_request(self) -> tuple[int, tuple[np.ndarray, np.ndarray] | None]:
         """(sequence number, (spheres (k,4), cost (k,)) of batch row 0 of the last cost request)."""
