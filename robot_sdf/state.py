@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import threading
+import zipfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,7 +120,7 @@ class WorldStore:
             for env, name, sec, nsec in doc.get("stamps", []):
                 saved.stamps[(int(env), str(name))] = (int(sec), int(nsec))
             return saved
-        except (OSError, KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
+        except (OSError, KeyError, TypeError, ValueError, json.JSONDecodeError, zipfile.BadZipFile) as exc:
             raise ValueError(f"cannot restore the world from {path}: {exc}") from exc
 
     # -------------------------------------------------------------- save

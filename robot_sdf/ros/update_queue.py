@@ -54,7 +54,7 @@ class UpdateQueue:
 
     apply: called with each item in order; exceptions are passed to ``on_error(item, exc)``
     (the worker never dies). max_pending_bytes: puts block while more than this is queued
-    (a single item larger than the bound is still accepted when the queue is empty).
+    (a single item larger than the bound is still accepted when nothing else is pending).
     """
 
     def __init__(self, apply: Callable[[Any], None], on_error: Callable[[Any, BaseException], None],
@@ -91,10 +91,11 @@ class UpdateQueue:
                 self._stats.enqueued += 1
                 self._cond.notify_all()
                 return True
-            if self._order and self._stats.pending_bytes + nbytes > self._max_bytes:
+            if self._stats.pending and self._stats.pending_bytes + nbytes > self._max_bytes:
                 self._stats.blocked += 1
                 deadline = None if timeout is None else now + timeout
-                while self._order and self._stats.pending_bytes + nbytes > self._max_bytes and not self._closed:
+                while (self._stats.pending and self._stats.pending_bytes + nbytes > self._max_bytes
+                       and not self._closed):
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
                         return False
