@@ -43,6 +43,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 NODE = "/sdf_server"
 MAX_D = 0.5
+GEOMETRY_CACHE_MB = 32  # the node's default
 
 
 # ------------------------------------------------------------------------------ processes
@@ -572,13 +573,16 @@ def run_memory(workdir: Path, domain: int) -> dict:
         time.sleep(2.0)
         after = node.rss_mb()
         print(f"- 40 distinct 200k-triangle meshes: empty {empty:.0f}, with all 40 {peak:.0f}, after REMOVE of all "
-              f"{after:.0f} (+{after - empty:.0f}; geometry cache 256 MB)")
+              f"{after:.0f} (+{after - empty:.0f}; geometry_cache_mb {GEOMETRY_CACHE_MB})")
         out["meshes"] = (empty, peak, after)
         v5, t5 = _grid_sheet(1582, 0.0)  # 5M triangles
         node.reset_peak()
         pub.publish(make_mesh_obstacle("huge", v5, t5, [0, 0, 0, 1, 0, 0, 0]))
         del v5, t5
-        time.sleep(5.0)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "more than max_triangles_per_mesh" not in node.server.log():
+            time.sleep(0.5)
+        time.sleep(2.0)
         print(f"- 5M-triangle mesh (refused by max_triangles_per_mesh): peak {node.peak_mb():.0f}, after "
               f"{node.rss_mb():.0f}; refused in log: {'more than max_triangles_per_mesh' in node.server.log()}")
         return out
