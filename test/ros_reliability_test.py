@@ -190,3 +190,38 @@ def test_oversized_mesh_is_rejected_before_conversion(node):
     pub.publish(make_mesh_obstacle("huge", v, TETRA_T, _pose(0.0)))
     rh.wait_until(lambda: "more than max_vertices_per_mesh" in node.node.log(), 20.0, what="the size rejection")
     assert node.revision() == before
+
+
+def _rss_mb(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return float(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_memory_returns_after_removing_big_meshes(node):
+    """10 distinct 100k-triangle meshes (~10 MB of BVHs and arrays each in the node) ADDed and
+    REMOVEd: the node's RSS returns within 50 MB of where it started (byte-bounded geometry cache,
+    heap trimmed after REMOVE). bench/soak.py --only memory runs 40 x 200k."""
+    pub = _publisher(node)
+    time.sleep(0.5)
+    start = _rss_mb(node.node.proc.pid)
+    n = 224  # sheet of 2 * 224^2 = 100k triangles
+    x, y = np.meshgrid(np.linspace(0, 1, n + 1), np.linspace(0, 1, n + 1), indexing="ij")
+    v = np.stack([x, y, 0.01 * np.sin(5 * x)], -1).reshape(-1, 3).astype(np.float32)
+    idx = np.arange((n + 1) ** 2).reshape(n + 1, n + 1)
+    a, b, c, d = idx[:-1, :-1], idx[1:, :-1], idx[1:, 1:], idx[:-1, 1:]
+    t = np.concatenate([np.stack([a, b, c], -1).reshape(-1, 3), np.stack([a, c, d], -1).reshape(-1, 3)])
+    rev = node.revision()
+    for i in range(10):
+        pub.publish(make_mesh_obstacle(f"big{i}", v * np.float32(1 + 0.01 * i), t, _pose(0.0, 40.0 + 2 * i)))
+    rh.wait_until(lambda: node.revision() >= rev + 10, 60.0, 0.2, what="10 big ADDs")
+    full = _rss_mb(node.node.proc.pid)
+    for i in range(10):
+        pub.publish(make_mesh_obstacle(f"big{i}", None, None, operation=MeshObstacle.REMOVE))
+    rh.wait_until(lambda: node.revision() >= rev + 20, 60.0, 0.2, what="10 REMOVEs")
+    time.sleep(1.5)  # the heap trim runs shortly after a REMOVE
+    after = _rss_mb(node.node.proc.pid)
+    print(f"node RSS: start {start:.0f} MB, with 10 x 100k triangles {full:.0f} MB, after REMOVE {after:.0f} MB")
+    assert full > start + 60  # the meshes did take memory (~10 MB each)
+    assert after < start + 50, (start, full, after)
