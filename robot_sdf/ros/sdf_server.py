@@ -3,7 +3,8 @@
 Topics and services (relative to the node, ``~/`` = ``/sdf_server/``):
 
 - subscribes ``~/mesh_obstacles`` (robot_sdf_interfaces/MeshObstacle; reliable, transient_local,
-  depth 100, so meshes published before the node started reach it), ``~/obstacle_poses``
+  KEEP_ALL: meshes published before the node started reach it and none is dropped; the callback
+  only queues, a worker applies in order, see update_queue.py), ``~/obstacle_poses``
   (ObstaclePose) and one geometry_msgs/PoseStamped topic per scene obstacle with ``pose_topic``
   (pose inputs are best effort, depth 10: the latest pose wins, and best effort matches reliable
   and best-effort publishers alike);
