@@ -61,6 +61,9 @@ NODE_NAME = "sdf_server"
 _REJECT_LOG_PERIOD_S = 1.0
 # Requests with at least this many floats (16 MB) are followed by a heap trim (robot_sdf.memory).
 _TRIM_AFTER_FLOATS = 4_000_000
+# The update worker runs at this nice value above the node's (Linux): on a busy CPU the service
+# threads are scheduled first, a BVH build takes the idle time (see docs/reliability.md).
+_UPDATE_WORKER_NICE = 10
 # Update stamps kept per (env, id) (for skipping replays) before those of removed ids are pruned.
 _MAX_STAMPS = 100_000
 MESH_QOS = conv.MESH_OBSTACLE_QOS
@@ -243,7 +246,8 @@ class SdfServer(Node):
         node = self._updates_node
         self._applied_latency = LatencyWindow()
         self._mesh_updates = UpdateQueue(self._apply_queued_mesh_obstacle, self._on_update_error,
-                                         max_pending_bytes=self.config.max_pending_update_mb * 2**20)
+                                         max_pending_bytes=self.config.max_pending_update_mb * 2**20,
+                                         nice=_UPDATE_WORKER_NICE)
         node.create_subscription(MeshObstacle, self.resolve_topic_name("~/mesh_obstacles"), self._on_mesh_obstacle,
                                  MESH_SUBSCRIPTION_QOS, callback_group=mesh_group)
         node.create_subscription(ObstaclePose, self.resolve_topic_name("~/obstacle_poses"), self._on_obstacle_pose,

@@ -16,6 +16,7 @@ control slows the publisher) instead of dropping anything. The module imports no
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -55,13 +56,16 @@ class UpdateQueue:
     apply: called with each item in order; exceptions are passed to ``on_error(item, exc)``
     (the worker never dies). max_pending_bytes: puts block while more than this is queued
     (a single item larger than the bound is still accepted when nothing else is pending).
+    nice: raise the worker thread's nice value by this much (Linux), so that on a loaded CPU
+    the threads answering queries are scheduled before a long BVH build.
     """
 
     def __init__(self, apply: Callable[[Any], None], on_error: Callable[[Any, BaseException], None],
-                 max_pending_bytes: int = 512 * 2**20, name: str = "world_updates") -> None:
+                 max_pending_bytes: int = 512 * 2**20, name: str = "world_updates", nice: int = 0) -> None:
         self._apply = apply
         self._on_error = on_error
         self._max_bytes = int(max_pending_bytes)
+        self._nice = int(nice)
         self._cond = threading.Condition()
         self._order: deque[_Entry] = deque()
         self._last: dict[Hashable, _Entry] = {}
@@ -114,6 +118,11 @@ class UpdateQueue:
 
     # -------------------------------------------------------------- worker
     def _run(self) -> None:
+        if self._nice:
+            try:  # Linux: per-thread nice value; queries then win the CPU over BVH builds
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self._nice)
+            except (AttributeError, OSError):
+                pass
         while True:
             with self._cond:
                 while not self._order and not self._closed:
