@@ -43,7 +43,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 NODE = "/sdf_server"
 MAX_D = 0.5
-GEOMETRY_CACHE_MB = 32  # the node's default
+GEOMETRY_CACHE_MB = 16  # the node's default
 
 
 # ------------------------------------------------------------------------------ processes

@@ -122,7 +122,7 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "at most this many MiB; beyond it the subscription waits (reliable flow control "
               "slows the producers) instead of dropping anything.", ">= 1", _at_least(1),
               int_range=(1, 1_000_000)),
-    ParamSpec("geometry_cache_mb", 32, "Unused geometries (BVHs) kept for re-adding identical "
+    ParamSpec("geometry_cache_mb", 16, "Unused geometries (BVHs) kept for re-adding identical "
               "meshes without a rebuild, bounded in MiB; 0 = no cache.", ">= 0", _at_least(0),
               int_range=(0, 1_000_000)),
     ParamSpec("state_dir", "", "Directory where the node persists its world (meshes by content "

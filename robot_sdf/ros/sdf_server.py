@@ -237,8 +237,14 @@ class SdfServer(Node):
         """
         # Process-wide arguments (a `__node:=` remap in particular) are for this node only; the
         # companion subscribes to the names this node resolves, so topic remaps still apply.
+        # A context (DDS participant) of its own: a big mesh sample is received and reassembled by
+        # that participant's transport threads, so service requests and responses of this node
+        # do not queue behind its fragments (measured: a 1M-triangle ADD delayed queries by up
+        # to 1.8 s when both shared one participant).
+        self._updates_context = rclpy.Context()
+        rclpy.init(context=self._updates_context, domain_id=self.context.get_domain_id())
         self._updates_node = rclpy.create_node(f"{self.get_name()}_world_updates", namespace=self.get_namespace(),
-                                               context=self.context, use_global_arguments=False,
+                                               context=self._updates_context, use_global_arguments=False,
                                                start_parameter_services=False)
         self._pose_topic_count = len(pose_topics)
         mesh_group = MutuallyExclusiveCallbackGroup()
@@ -255,7 +261,7 @@ class SdfServer(Node):
         for topic, targets in pose_topics.items():
             node.create_subscription(PoseStamped, self.resolve_topic_name(topic),
                                      self._pose_topic_callback(topic, targets), POSE_QOS, callback_group=pose_group)
-        self._updates_executor = MultiThreadedExecutor(num_threads=2, context=self.context)
+        self._updates_executor = MultiThreadedExecutor(num_threads=2, context=self._updates_context)
         self._updates_executor.add_node(node)
         self._updates_thread = threading.Thread(target=self._spin_world_updates, name="sdf_server_world_updates",
                                                 daemon=True)
@@ -267,7 +273,7 @@ class SdfServer(Node):
         except (ExternalShutdownException, KeyboardInterrupt):
             pass
         except Exception:  # noqa: BLE001 - rclpy raises RCLError when SIGINT shut the context down
-            if self.context.ok():
+            if self.context.ok() and self._updates_context.ok():
                 raise
 
     def _on_update_error(self, msg, exc: BaseException) -> None:
@@ -279,6 +285,7 @@ class SdfServer(Node):
             updates.shutdown(timeout_sec=2.0)
             self._updates_thread.join(timeout=5.0)
             self._updates_node.destroy_node()
+            rclpy.try_shutdown(context=self._updates_context)
             self._updates_executor = None
             self._mesh_updates.close(timeout=5.0)
         saver = getattr(self, "_saver", None)
