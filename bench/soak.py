@@ -102,6 +102,23 @@ def _status_kb(pid: int, key: str) -> float:
     return float("nan")
 
 
+def handshake(pub, node: NodeProc, tag: str) -> int:
+    """Wait until the node's reader has matched ``pub`` (not only the publisher the reader): a
+    REMOVE of an unknown id, repeated until the node logs its rejection (changes nothing)."""
+    from robot_sdf.ros.conversions import make_mesh_obstacle
+    from robot_sdf_interfaces.msg import MeshObstacle
+
+    deadline = time.monotonic() + 30
+    sent = 0
+    while f"no mesh 'sync_{tag}'" not in node.server.log():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the node never received the handshake")
+        pub.publish(make_mesh_obstacle(f"sync_{tag}", None, None, operation=MeshObstacle.REMOVE))
+        sent += 1
+        time.sleep(0.2)
+    return sent  # every one reaches the node (transient_local covers the early ones)
+
+
 def pct(values, qs=(50, 99)) -> str:
     if len(values) == 0:
         return "n/a"
@@ -224,6 +241,7 @@ def run_load(workdir: Path, domain: int, args) -> dict:
         sd = _sd_client(ros)
         while mesh_pub.get_subscription_count() == 0:
             time.sleep(0.05)
+        handshakes = handshake(mesh_pub, node, "load")
         bv, bt = _box((0.3, 0.3, 0.3))
         mesh_pub.publish(make_mesh_obstacle("mover", bv, bt, [1.0, 0, 0.3, 1, 0, 0, 0]))
         clients = [ros.node.create_client(EvaluateSphereCost, f"{NODE}/evaluate_sphere_cost") for _ in range(args.clients)]
@@ -302,7 +320,7 @@ def run_load(workdir: Path, domain: int, args) -> dict:
             if diags and diags[-1]["updates_pending"] == "0":
                 break
         final = diags[-1] if diags else {}
-        received = int(final.get("updates_enqueued", 0)) - 1  # minus the "mover" ADD
+        received = int(final.get("updates_enqueued", 0)) - 1 - handshakes  # minus "mover" and handshakes
         v, t = stats["last"]
         pts = v[::97] + np.array([0.0, 0.0, 0.02], np.float32)
         got, _ = distances(ros, sd, pts)
@@ -397,6 +415,7 @@ def run_faults(workdir: Path, domain: int) -> dict:
         pub = ros.node.create_publisher(MeshObstacle, f"{NODE}/mesh_obstacles", MESH_OBSTACLE_QOS)
         while pub.get_subscription_count() == 0:
             time.sleep(0.05)
+        handshake(pub, node, "faults")
         for i in range(8):
             v, t = _box((0.2 + 0.02 * i, 0.2, 0.2))
             pub.publish(make_mesh_obstacle(f"s{i}", v, t, [2.0 * i, 0, 0, 1, 0, 0, 0],
@@ -487,6 +506,7 @@ def run_burst(workdir: Path, domain: int, count: int) -> dict:
         pub = ros.node.create_publisher(MeshObstacle, f"{NODE}/mesh_obstacles", MESH_OBSTACLE_QOS)
         while pub.get_subscription_count() == 0:
             time.sleep(0.05)
+        handshake(pub, node, "burst")
         v, t = _box((0.1, 0.1, 0.1))
         t0 = time.perf_counter()
         for i in range(count):

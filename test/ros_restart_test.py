@@ -98,14 +98,18 @@ def _check(session, scene, atol=1e-4):
     return got
 
 
-def _build_scene(send_add, send_op) -> dict:
+def _build_scene(send_add, send_op, session) -> dict:
     """8 boxes, 150 updates of box 8 (more than a publisher history of 100), then a REMOVE, a
-    DISABLE and a MOVE. Returns slot -> (size, pose, enabled) of the final scene."""
+    DISABLE and a MOVE. Returns slot -> (size, pose, enabled) of the final scene.
+
+    The 8 boxes are waited for: a publisher may see the node's subscription before the node's
+    reader has matched it, and then only transient_local (the last 100 messages) delivers them."""
     scene = {}
     for i in range(8):
         v, t = ref.box(SIZES[i])
         send_add(f"box{i}", v, t, _pose(2.0 * i))
         scene[i] = (SIZES[i], _pose(2.0 * i), True)
+    _wait_scene(session, scene)
     for k in range(150):
         size = (0.2, 0.2 + 0.001 * k, 0.3)
         v, t = ref.box(size)
@@ -149,7 +153,7 @@ def test_state_dir_restores_the_scene_after_sigkill(tmp_path):
         def op(name, operation, pose):
             pub.publish(make_mesh_obstacle(name, None, None, pose, operation=operation, stamp=stamp().to_msg()))
 
-        scene = _build_scene(add, op)
+        scene = _build_scene(add, op, s)
         _wait_scene(s, scene)
         before = _check(s, scene)
         _wait_saved(state_dir, s.distances([[0, 0, 0]])[1])
@@ -180,7 +184,7 @@ def test_scene_publisher_resends_to_a_restarted_node(tmp_path):
             {MeshObstacle.REMOVE: lambda: scene_pub.remove(name), MeshObstacle.DISABLE: lambda: scene_pub.disable(name),
              MeshObstacle.MOVE: lambda: scene_pub.move(name, pose)}[operation]()
 
-        scene = _build_scene(scene_pub.add, op)
+        scene = _build_scene(scene_pub.add, op, s)
         _wait_scene(s, scene)
         before = _check(s, scene)
         s.kill()

@@ -3,8 +3,8 @@
 transient_local hands a late-joining node the last N messages of each publisher, not the last
 state of each obstacle: after more than N messages the early obstacles are gone from the
 history. A ScenePublisher keeps the latest state per obstacle (geometry, pose, enable flag) and
-re-sends the whole scene whenever a new subscriber matches (a node started or restarted), so
-a node that appears at any time ends with this producer's scene.
+re-sends the whole scene whenever a new subscriber matches (a node started or restarted), and
+once more a second later, so a node that appears at any time ends with this producer's scene.
 
 Every message is stamped. sdf_server skips a stamped message older than the last one it
 applied for the same id, so re-sent or replayed messages never roll an obstacle back, and a
@@ -21,6 +21,7 @@ Usage (an rclpy node ``node``):
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 from rclpy.node import Node
@@ -29,6 +30,7 @@ from robot_sdf.ros.conversions import MESH_OBSTACLE_QOS, array_to_pose, make_mes
 from robot_sdf_interfaces.msg import MeshObstacle
 
 DEFAULT_TOPIC = "/sdf_server/mesh_obstacles"
+_SECOND_RESEND_S = 1.0
 
 
 @dataclass
@@ -53,6 +55,7 @@ class ScenePublisher:
         self._scene: dict[tuple[int, str], _Obstacle] = {}
         self._publisher = node.create_publisher(MeshObstacle, topic, MESH_OBSTACLE_QOS)
         self._matched = 0
+        self._resend_at: float | None = None
         self.resends = 0
         self._timer = node.create_timer(poll_period_s, self._check_matches)
 
@@ -125,10 +128,20 @@ class ScenePublisher:
 
     def _check_matches(self) -> None:
         count = self._publisher.get_subscription_count()
+        now = time.monotonic()
         with self._lock:
             grew = count > self._matched
             self._matched = count
-        if grew and self._scene:
+            # The writer sees a new reader before that reader has matched the writer; what is sent
+            # in between arrives only through transient_local (the last 100 messages). A second
+            # re-send a moment later covers a scene larger than that; stamped duplicates cost
+            # the node no rebuild (same content).
+            again = self._resend_at is not None and now >= self._resend_at
+            if grew:
+                self._resend_at = now + _SECOND_RESEND_S
+            elif again:
+                self._resend_at = None
+        if (grew or again) and self._scene:
             self.resend()
 
 
