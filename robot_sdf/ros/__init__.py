@@ -7,6 +7,10 @@ Importing this package does not import rclpy; the submodules do:
   (``make_mesh_obstacle``, ``make_obstacle_pose``) and the distance-slice point cloud.
 - ``robot_sdf.ros.markers``: rviz markers of meshes and request spheres.
 - ``robot_sdf.ros.sdf_server``: the node (console script ``sdf_server``).
+- ``robot_sdf.ros.update_queue``: the lossless, per-id ordered queue of mesh updates (no ROS).
+- ``robot_sdf.ros.world_updates``: applying a MeshObstacle ADD (size limits, refit or rebuild).
+- ``robot_sdf.ros.scene_publisher``: ``ScenePublisher``, a producer that re-sends its scene to
+  every node that (re)appears.
 
 The MPC-side client lives in ``robot_sdf.client``.
 """
