@@ -57,6 +57,24 @@ def test_newer_geometry_supersedes_a_queued_one_and_nothing_else():
     q.close()
 
 
+def test_a_newer_version_survives_a_later_arriving_older_one():
+    gate = threading.Event()
+    applied, apply = _recorder(gate=gate)
+    q = UpdateQueue(apply, lambda item, exc: None)
+    q.put("x", "first", supersedable=True, version=(1, 0))
+    time.sleep(0.1)  # the worker holds "first"
+    q.put("x", "stamp 5", supersedable=True, version=(5, 0))
+    q.put("x", "stamp 3 (arrives later, older)", supersedable=True, version=(3, 0))
+    q.put("x", "unstamped", supersedable=True, version=None)  # no version: arrival order
+    q.put("y", "y stamp 2", supersedable=True, version=(2, 0))
+    q.put("y", "y stamp 4", supersedable=True, version=(4, 0))
+    gate.set()
+    assert q.wait_idle(10)
+    assert applied == ["first", "unstamped", "y stamp 4"]
+    assert q.stats().coalesced == 3
+    q.close()
+
+
 def test_errors_do_not_stop_the_worker():
     errors = []
 

@@ -408,8 +408,9 @@ class SdfServer(Node):
     def _on_mesh_obstacle(self, msg: MeshObstacle) -> None:
         """Subscription callback: O(1), only queues (the worker applies, see update_queue.py)."""
         nbytes = 4 * (len(msg.vertices) + len(msg.triangles)) + 48 * (len(msg.mesh.vertices) + len(msg.mesh.triangles))
+        stamp = (int(msg.header.stamp.sec), int(msg.header.stamp.nanosec))
         self._mesh_updates.put((int(msg.env), msg.id), msg, supersedable=msg.operation == MeshObstacle.ADD,
-                               nbytes=nbytes)
+                               nbytes=nbytes, version=stamp if stamp != (0, 0) else None)
 
     def _apply_queued_mesh_obstacle(self, msg: MeshObstacle) -> None:
         """Worker side: apply one MeshObstacle, log its outcome, record stamp -> applied latency.

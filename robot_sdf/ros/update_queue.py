@@ -31,6 +31,7 @@ class _Entry:
     supersedable: bool
     nbytes: int
     enqueued: float
+    version: Any = None
     started: bool = False
 
 
@@ -77,11 +78,14 @@ class UpdateQueue:
 
     # -------------------------------------------------------------- producer side
     def put(self, key: Hashable, item: Any, supersedable: bool = False, nbytes: int = 0,
-            timeout: float | None = None) -> bool:
+            timeout: float | None = None, version: Any = None) -> bool:
         """Queue ``item`` for ``key``; returns False only when closed or ``timeout`` ran out.
 
         supersedable: True for a full geometry update, which replaces the previous queued
         update of the same key when that is supersedable too and not yet started.
+        version: orderable (a message stamp) or None; when both updates of a supersession have
+        one, the newer version stays whichever arrived last (racing producers: the later
+        stamp wins, as the node's stale-stamp rule has it).
         """
         now = time.monotonic()
         with self._cond:
@@ -89,8 +93,10 @@ class UpdateQueue:
                 return False
             last = self._last.get(key)
             if supersedable and last is not None and last.supersedable and not last.started:
+                if version is not None and last.version is not None and version < last.version:
+                    item, nbytes, version = last.item, last.nbytes, last.version  # the queued one is newer
                 self._stats.pending_bytes += nbytes - last.nbytes
-                last.item, last.nbytes = item, nbytes  # keeps its place (and first enqueue time)
+                last.item, last.nbytes, last.version = item, nbytes, version  # keeps its place
                 self._stats.coalesced += 1
                 self._stats.enqueued += 1
                 self._cond.notify_all()
@@ -106,7 +112,7 @@ class UpdateQueue:
                     self._cond.wait(remaining)
                 if self._closed:
                     return False
-            entry = _Entry(key, item, supersedable, nbytes, now)
+            entry = _Entry(key, item, supersedable, nbytes, now, version)
             self._order.append(entry)
             self._last[key] = entry
             self._stats.enqueued += 1
