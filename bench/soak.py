@@ -607,7 +607,7 @@ def run_memory(workdir: Path, domain: int) -> dict:
             time.sleep(0.5)
         time.sleep(2.0)
         print(f"- 5M-triangle, 2.5M-vertex mesh (refused by the size limits): peak {node.peak_mb():.0f}, after "
-              f"{node.rss_mb():.0f}; refused in log: {"more than max_" in node.server.log()}")
+              f"{node.rss_mb():.0f}; refused in log: {'more than max_' in node.server.log()}")
         return out
     finally:
         ros.close()
