@@ -5,6 +5,8 @@
 #   make colcon       build the ROS 2 workspace build/colcon_ws (both packages) with colcon
 #   make demo         run the demo (robot_sdf.examples.demo)
 #   make bench        install the benchmark extras and run the benchmarks (python -m bench)
+#   make soak         load + fault + memory checks of a real node (bench/soak.py; not in `make test`)
+#                     SOAK_DURATION=<s> (default 60) sets the load phase, SOAK_ARGS passes more options
 #   make interfaces   rebuild and reinstall robot_sdf_interfaces into the venv
 #   make clean        remove build outputs and generated files (keeps .venv)
 #   make distclean    clean + remove .venv
@@ -31,7 +33,7 @@ IFACE_STAMP := $(VENV)/.robot_sdf-interfaces-stamp
 STAMP := $(VENV)/.robot_sdf-stamp
 BENCH_STAMP := $(VENV)/.robot_sdf-bench-stamp
 
-.PHONY: venv test colcon demo bench interfaces clean distclean
+.PHONY: venv test colcon demo bench soak interfaces clean distclean
 
 venv: $(STAMP)
 
@@ -93,6 +95,10 @@ $(BENCH_STAMP): $(STAMP) requirements-bench.txt
 
 bench: $(BENCH_STAMP)
 	$(PY) -m bench
+
+SOAK_DURATION ?= 60
+soak: venv
+	$(PY) -m bench.soak --duration $(SOAK_DURATION) $(SOAK_ARGS)
 
 interfaces:
 	rm -f $(IFACE_STAMP)

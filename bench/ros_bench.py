@@ -377,6 +377,62 @@ def mesh_updates(client: Client, procs: Processes, world, count: int) -> None:
          "written right after add_mesh returns (same machine clock) and so also contains the DDS transfer.")
 
 
+def _applied_stamps(procs: Processes) -> dict[int, float]:
+    """Revision -> wall-clock stamp of the node's log line for every applied ADD so far."""
+    out = {}
+    for line in procs.node_log.read_text().splitlines():
+        m = _APPLIED_RE.search(line)
+        if m is not None:
+            out[int(m.group(3))] = float(m.group(1))
+    return out
+
+
+def refit_vs_rebuild(client: Client, procs: Processes, sizes: list[int], reps: int) -> None:
+    """ADD of an existing id with the same triangles (refit) against new triangles (rebuild),
+    over ROS: publish -> applied from the node's log stamps, one update at a time."""
+    section("Same topology -> refit over ROS: MeshObstacle ADD of an existing id, publish -> applied")
+    rows = []
+    for n in sizes:
+        v, t = scenes.torus_with_triangles(n)
+        # The same surface with its triangles listed in another order: a different topology
+        # array, hence a rebuild (the content differs, so no cache hit either).
+        shuffled = t[np.random.default_rng(n).permutation(len(t))]
+        name = f"bench_refit_{n}"
+        revision, _ = wait_revision(client, 0)
+        client.meshes.publish(mesh_message(name, v, t, _UPDATE_POSE))
+        revision, _ = wait_revision(client, revision + 1)
+        times: dict[str, list[float]] = {"refit (same triangles)": [], "refit (vertices only)": [],
+                                         "rebuild (new triangles)": []}
+        current = t
+        for i in range(reps):
+            scale = np.float32(1.0 + 1e-3 * (i + 1))
+            for kind in times:
+                if kind.startswith("rebuild"):
+                    current = shuffled if current is t else t
+                    msg = mesh_message(name, v * scale, current, _UPDATE_POSE)
+                else:
+                    msg = mesh_message(name, v * scale * np.float32(1.0001 if "only" in kind else 1.0), current,
+                                       _UPDATE_POSE)
+                    if "only" in kind:
+                        msg.triangles = array.array("I")
+                wall = time.time()
+                client.meshes.publish(msg)
+                revision, _ = wait_revision(client, revision + 1)
+                for _ in range(20):  # the log line is written right after the revision is published
+                    stamp = _applied_stamps(procs).get(revision)
+                    if stamp is not None:
+                        times[kind].append(stamp - wall)
+                        break
+                    time.sleep(0.01)
+        for kind, values in times.items():
+            rows.append([f"{len(t) // 1000}k", kind, str(len(values)), Stats.of(values).ms() if values else "n/a"])
+        client.meshes.publish(remove_message(name))
+        wait_revision(client, revision + 1)
+    emit(table(["triangles", "update", "n", "publish -> applied ms"], rows))
+    emit("\nThe node refits (MeshWorld.update_vertices, same revision carries the new pose) when an ADD "
+         "repeats an id's triangles or sends vertices only; any other ADD rebuilds the BVH.")
+
+
 def run(device: str = "cpu", quick: bool = False) -> None:
     """Start the node and the echo, print the round-trip and mesh-update tables, stop them."""
     from bench.core_bench import build_world
@@ -402,6 +458,8 @@ def run(device: str = "cpu", quick: bool = False) -> None:
                  f"max_distance {scenes.MAX_DIST} m")
             world = build_world(meshes, device)
             round_trips(client, world, sizes, reps, meshes)
+            emit(f"\n(load average after this table: {load_average()})")
+            refit_vs_rebuild(client, procs, [10_000] if quick else [10_000, 200_000], 2 if quick else 8)
             emit(f"\n(load average after this table: {load_average()})")
             mesh_updates(client, procs, world, updates)
             emit(f"\n(load average after this table: {load_average()})")

@@ -6,6 +6,9 @@ import numpy as np
 from robot_sdf.types import POSE_SIZE
 
 QUATERNION_NORM_TOLERANCE = 1e-3
+# Largest |x|, |y|, |z| of a mesh pose [m]. The kernels read poses in float32: 1e39 would become
+# inf (the obstacle silently vanished), and at 1e6 m float32 resolution is already 6 cm.
+MAX_POSE_TRANSLATION = 1e6
 
 
 def validate_vertices(vertices, what: str = "vertices") -> np.ndarray:
@@ -79,6 +82,9 @@ def validate_pose(pose) -> np.ndarray:
         raise ValueError(f"pose must have 7 values x,y,z,qw,qx,qy,qz, got {p.size}")
     if not np.isfinite(p).all():
         raise ValueError(f"pose is not finite: {p.tolist()}")
+    if np.abs(p[:3]).max() > MAX_POSE_TRANSLATION:
+        raise ValueError(f"pose translation {p[:3].tolist()} exceeds {MAX_POSE_TRANSLATION:g} m "
+                         "(beyond float32 precision for the kernels)")
     norm = float(np.linalg.norm(p[3:]))
     if abs(norm - 1.0) > QUATERNION_NORM_TOLERANCE:
         raise ValueError(f"pose quaternion must be unit length, its norm is {norm:.6g}")

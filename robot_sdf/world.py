@@ -223,12 +223,15 @@ class MeshWorld:
         sign_method: default SignMethod of added meshes, or its name ("auto", "normal", "default",
             "winding_number", "parity"); ``auto`` classifies each geometry once (mesh_info).
         max_distance: default search distance outside meshes (m) for the evaluation methods.
-        geometry_cache_size: unused geometries kept for re-adding identical meshes without a rebuild.
+        geometry_cache_size: most unused geometries kept for re-adding identical meshes without a
+            rebuild (least recently released leave first).
+        geometry_cache_bytes: and at most this many bytes of them (host + device estimate, see
+            geometry_bytes); 0 disables the cache.
     """
 
     def __init__(self, device: str | torch.device = "auto", num_envs: int = 1, mesh_capacity: int = 8,
                  sign_method: SignMethod | str = SignMethod.AUTO, max_distance: float = 0.5,
-                 geometry_cache_size: int = 32):
+                 geometry_cache_size: int = 32, geometry_cache_bytes: int = 256 * 2**20):
         if int(num_envs) < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         if int(mesh_capacity) < 1:
@@ -246,6 +249,8 @@ class MeshWorld:
         self._geometries: dict[bytes, _Geometry] = {}
         self._unused: OrderedDict[bytes, _Geometry] = OrderedDict()
         self._cache_size = int(geometry_cache_size)
+        self._cache_bytes_limit = int(geometry_cache_bytes)
+        self._cache_bytes = 0
         self._capacity = int(mesh_capacity)
         self._revision = 0
         self._snapshot = self._build_snapshot()
@@ -313,6 +318,13 @@ class MeshWorld:
         with self._write_lock:
             return self._require(name, env).geometry.info()
 
+    def export_meshes(self) -> list[tuple[int, str, np.ndarray, np.ndarray, np.ndarray, bool]]:
+        """Every slot as (env, name, vertices, triangles, pose, enabled) (see mesh_geometry), read
+        under the writer lock: one consistent world state (used to persist the world)."""
+        with self._write_lock:
+            return [(env, slot.name) + self.mesh_geometry(slot.name, env)
+                    for env, slots in enumerate(self._slots) for slot in slots]
+
     # ------------------------------------------------------------------ mutations
     def add_mesh(self, name: str, vertices, triangles, pose=None, env: int = 0, enabled: bool = True,
                  sign_method: SignMethod | str | None = None) -> int:
@@ -372,13 +384,15 @@ class MeshWorld:
             slot.enabled = bool(enabled)
             return self._publish()
 
-    def update_vertices(self, name: str, vertices, env: int = 0) -> int:
+    def update_vertices(self, name: str, vertices, env: int = 0, pose=None) -> int:
         """New vertex positions (V,3) with the same topology: the BVH is refit, not rebuilt.
 
+        pose (7,), optional: the mesh's new pose, published in the same revision as the vertices.
         If the geometry is shared with other slots (identical content), those keep the old shape
         and this slot gets its own copy.
         """
         v = geometry.validate_vertices(vertices)
+        p = None if pose is None else geometry.validate_pose(pose)
         with self._write_lock:
             slot = self._require(name, env)
             old = slot.geometry
@@ -389,6 +403,8 @@ class MeshWorld:
                 )
             geometry.check_area(v, old.triangles)
             key = _content_key(v, old.triangles, old.requested)
+            if p is not None:
+                slot.pose = p
             if old.users > 1 or key in self._geometries or key in self._unused:
                 # Shared (or already cached) content: this slot gets its own geometry.
                 slot.geometry = self._acquire_geometry(key, v, old.triangles, old.requested, name=name)
@@ -461,7 +477,9 @@ class MeshWorld:
         geo = self._geometries.get(key)
         if geo is None:
             geo = self._unused.pop(key, None)
-            if geo is None:
+            if geo is not None:
+                self._cache_bytes -= geometry_bytes(geo)
+            else:
                 geo = prebuilt or self._build_geometry(key, v, t, requested, name)
             self._geometries[key] = geo
         geo.users += 1
@@ -472,8 +490,16 @@ class MeshWorld:
         if geo.users == 0:
             del self._geometries[geo.key]
             self._unused[geo.key] = geo
-            while len(self._unused) > self._cache_size:
-                self._unused.popitem(last=False)
+            self._cache_bytes += geometry_bytes(geo)
+            while self._unused and (len(self._unused) > self._cache_size
+                                    or self._cache_bytes > self._cache_bytes_limit):
+                _, dropped = self._unused.popitem(last=False)
+                self._cache_bytes -= geometry_bytes(dropped)
+
+    def cache_info(self) -> tuple[int, int]:
+        """(count, estimated bytes) of the unused geometries the cache holds."""
+        with self._write_lock:
+            return len(self._unused), self._cache_bytes
 
     def _publish(self) -> int:
         self._revision += 1
@@ -544,4 +570,16 @@ class MeshWorld:
         return cost.evaluate_swept_sphere_cost(self, spheres, activation_distance, weight, sweep_steps, speed_dt,
                                                enable_speed_metric, env_index, max_distance, compute_gradient,
                                                return_revision)
+
+
+# Estimated device-side bytes of a Warp BVH per triangle (2T-1 nodes of two bounds, plus the
+# primitive bounds and index arrays Warp keeps next to it); measured RSS per triangle on the
+# CPU device is in docs/reliability.md.
+_BVH_BYTES_PER_TRIANGLE = 96
+
+
+def geometry_bytes(geo) -> int:
+    """Estimated bytes a geometry holds: host copies, device arrays and the BVH."""
+    v, t = geo.vertices.nbytes, geo.triangles.nbytes
+    return 2 * (v + t) + _BVH_BYTES_PER_TRIANGLE * (t // 12)
 

@@ -159,6 +159,7 @@ def _op(op, id="ghost", env=0):
 ZERO_Q = np.array([0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 0.0])
 NAN_POSE = np.array([0.0, np.nan, 0.5, 1.0, 0.0, 0.0, 0.0])
 LONG_Q = np.array([0.0, 0.0, 0.5, 2.0, 0.0, 0.0, 0.0])
+HUGE_POSE = np.array([1e39, 0.0, 0.5, 1.0, 0.0, 0.0, 0.0])
 
 BAD_MESSAGES = [
     ("nan vertex", lambda: _add(vertices=_nan_vertices()), "not finite"),
@@ -192,6 +193,8 @@ BAD_MESSAGES = [
     ("zero quaternion (MOVE)", lambda: _move(ZERO_Q), "unit length"),
     ("non-unit quaternion (MOVE)", lambda: _move(LONG_Q), "unit length"),
     ("NaN pose (MOVE)", lambda: _move(NAN_POSE), "not finite"),
+    ("pose x = 1e39, inf in float32 (ADD)", lambda: _add(pose=HUGE_POSE), "exceeds 1e+06 m"),
+    ("pose x = 1e39 (MOVE)", lambda: _move(HUGE_POSE), "exceeds 1e+06 m"),
 ]
 
 BAD_POSES = [
@@ -259,6 +262,13 @@ def _inf_spheres():
     return s
 
 
+def _huge_radius_spheres(radius=3e38):
+    s = _spheres()
+    s[0, 0, 0, :3] = GOOD_POSE[:3]  # at the centre of the good box
+    s[0, 0, 0, 3] = radius
+    return s
+
+
 def _sd_req(points, **fields):
     return _with(QuerySignedDistance.Request(points=float32_array(np.asarray(points, np.float32).reshape(-1))),
                  **fields)
@@ -281,6 +291,9 @@ BAD_REQUESTS = [
     ("env_index beyond int32", "sphere", lambda: _sphere_req(env_index=[2**32 - 1]), "env_index values must be in"),
     ("NaN in spheres", "sphere", lambda: _sphere_req(_nan_spheres()), "not finite"),
     ("inf radius", "sphere", lambda: _sphere_req(_inf_spheres()), "not finite"),
+    ("radius 3e38", "sphere", lambda: _sphere_req(_huge_radius_spheres()), "radius 3e+38 m exceeds the limit"),
+    ("weight overflowing the cost", "sphere", lambda: _sphere_req(_huge_radius_spheres(10.0), weight=3e38),
+     "not finite in float32"),
     ("NaN activation distance", "sphere", lambda: _sphere_req(activation_distance=float("nan")), "must be finite"),
     ("inf weight", "sphere", lambda: _sphere_req(weight=float("inf")), "must be finite"),
     ("huge sweep_steps", "swept", lambda: _swept_req(sweep_steps=2**31), "exceeds max_sweep_steps"),

@@ -11,4 +11,8 @@ Importing this package does not import rclpy; the submodules do:
 - ``robot_sdf.ros.sdf_server``: the node (console script ``sdf_server``).
 - ``robot_sdf.ros.lifecycle``: its managed variant (console script ``sdf_server_managed``).
 - ``robot_sdf.ros.client``: the MPC-side client of the node's services.
+- ``robot_sdf.ros.update_queue``: the lossless, per-id ordered queue of mesh updates (no ROS).
+- ``robot_sdf.ros.world_updates``: applying a MeshObstacle ADD (size limits, refit or rebuild).
+- ``robot_sdf.ros.scene_publisher``: ``ScenePublisher``, a producer that re-sends its scene to
+  every node that (re)appears.
 """

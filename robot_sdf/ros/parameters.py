@@ -122,6 +122,28 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("max_points_per_request", 1_000_000, "Largest number of points one "
               "query_signed_distance request may carry (also bounds the distance slice).",
               ">= 1", _at_least(1), int_range=(1, _INT_MAX)),
+    ParamSpec("max_coordinate", 1e5, "Largest |x|, |y|, |z| of a request sphere or point [m]; "
+              "farther ones are refused (float32 resolution is ~6 mm at 1e5 m).", "> 0", _positive,
+              float_range=(0.0, 1e30)),
+    ParamSpec("max_length", 1000.0, "Largest sphere radius, activation_distance and max_distance a "
+              "request may send [m]; larger ones are refused instead of answering inf.", "> 0",
+              _positive, float_range=(0.0, 1e30)),
+    ParamSpec("max_vertices_per_mesh", 2_000_000, "Largest vertex count of one mesh message; "
+              "larger ones are rejected before any conversion.", ">= 3", _at_least(3),
+              int_range=(3, _INT_MAX)),
+    ParamSpec("max_triangles_per_mesh", 2_000_000, "Largest triangle count of one mesh message; "
+              "larger ones are rejected before any conversion.", ">= 1", _at_least(1),
+              int_range=(1, _INT_MAX)),
+    ParamSpec("max_pending_update_mb", 512, "Mesh updates received but not yet applied may hold "
+              "at most this many MiB; beyond it the subscription waits (reliable flow control "
+              "slows the producers) instead of dropping anything.", ">= 1", _at_least(1),
+              int_range=(1, 1_000_000)),
+    ParamSpec("geometry_cache_mb", 16, "Unused geometries (BVHs) kept for re-adding identical "
+              "meshes without a rebuild, bounded in MiB; 0 = no cache.", ">= 0", _at_least(0),
+              int_range=(0, 1_000_000)),
+    ParamSpec("state_dir", "", "Directory where the node persists its world (meshes by content "
+              "hash, poses, enable flags) and restores it from at start; empty = no persistence.",
+              "path or empty"),
     ParamSpec("scene_file", "", "Scene YAML with static obstacles loaded at start; empty = none.",
               "path or empty"),
     ParamSpec("marker_rate_hz", 2.0, "Rate of ~/markers updates [Hz]; 0 = no markers.", ">= 0",
@@ -186,6 +208,13 @@ class ServerConfig:
     max_spheres_per_request: int
     max_sweep_steps: int
     max_points_per_request: int
+    max_coordinate: float
+    max_length: float
+    max_vertices_per_mesh: int
+    max_triangles_per_mesh: int
+    max_pending_update_mb: int
+    geometry_cache_mb: int
+    state_dir: str
     scene_file: str
     marker_rate_hz: float
     publish_request_markers: bool

@@ -1,0 +1,87 @@
+"""Giving freed memory back to the operating system (glibc), and reading the process RSS.
+
+glibc keeps freed heap memory in its arenas; after a 10M-sphere request or the REMOVE of a big
+mesh the Python objects are gone but the RSS stays up. ``malloc_trim(0)`` returns the free
+pages. ``TrimScheduler`` runs it on a background thread a moment after something big was
+released (the buffers of a service request are freed only after its callback returned), at
+most once per ``min_interval_s``. Elsewhere (musl, macOS) trimming is a no-op.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import threading
+import time
+
+_libc = None
+try:
+    _name = ctypes.util.find_library("c")
+    if _name:
+        _libc = ctypes.CDLL(_name)
+        _libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        _libc.malloc_trim.restype = ctypes.c_int
+except (OSError, AttributeError):  # not glibc
+    _libc = None
+
+
+def trim_heap() -> bool:
+    """Return free heap memory to the OS; True when glibc did release some."""
+    if _libc is None:
+        return False
+    return bool(_libc.malloc_trim(0))
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process in bytes (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _page_size()
+    except OSError:
+        return 0
+
+
+def _page_size() -> int:
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE")
+
+
+class TrimScheduler:
+    """Coalesced, delayed heap trims on a daemon thread."""
+
+    def __init__(self, delay_s: float = 0.2, min_interval_s: float = 1.0) -> None:
+        self._delay = delay_s
+        self._interval = min_interval_s
+        self._cond = threading.Condition()
+        self._due: float | None = None
+        self._last = -float("inf")
+        self._closed = False
+        self.trims = 0
+        self._thread = threading.Thread(target=self._run, name="heap_trim", daemon=True)
+        self._thread.start()
+
+    def request(self) -> None:
+        """Ask for a trim soon (cheap; many requests make one trim)."""
+        with self._cond:
+            if self._due is None:
+                self._due = max(time.monotonic() + self._delay, self._last + self._interval)
+                self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and (self._due is None or time.monotonic() < self._due):
+                    self._cond.wait(None if self._due is None else max(0.0, self._due - time.monotonic()))
+                if self._closed:
+                    return
+                self._due = None
+            trim_heap()
+            with self._cond:
+                self._last = time.monotonic()
+                self.trims += 1
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=2.0)
