@@ -39,6 +39,10 @@ UNBOUNDED = wp.constant(1.0e9)
 # Below this length the direction centre - closest point is meaningless; use the feature normal.
 DEGENERATE_LENGTH = wp.constant(1.0e-9)
 MIN_SPEED = wp.constant(1.0e-3)
+# A swept sample is skipped when strictly inside the clearance of an evaluated point: search a
+# little beyond the farthest sample so that free space still proves it free.
+REACH_MARGIN = wp.constant(1.01)
+REACH_SLACK = wp.constant(1.0e-5)
 # Warp's default accuracy of the fast winding number and the inside threshold of its sign.
 WINDING_ACCURACY = wp.constant(2.0)
 WINDING_THRESHOLD = wp.constant(0.5)
@@ -547,13 +551,6 @@ def swept_sphere_cost_kernel(
     to_next = wp.vec3(0.0, 0.0, 0.0)
     evaluations = int(0)
     if radius >= 0.0 and env >= 0:
-        c0 = float(0.0)
-        g0 = wp.vec3(0.0, 0.0, 0.0)
-        clearance0 = float(0.0)
-        c0, g0, clearance0 = sphere_world_cost(
-            p, radius, eta, max_dist, env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign
-        )
-        evaluations = int(1)
         has_prev = int(0)
         has_next = int(0)
         if sweep_steps > 0:
@@ -562,6 +559,26 @@ def swept_sphere_cost_kernel(
             if step < horizon - 1 and spheres[tid + spheres_per_step][3] >= 0.0:
                 has_next = 1
         n_sides = has_prev + has_next
+        # The cost only needs surfaces within r + eta; a larger search bound only buys clearance,
+        # and clearance beyond the farthest sample (half way to a neighbour) frees nothing. So
+        # the search reaches max_dist only where a neighbour is that far, which makes queries
+        # near surfaces much cheaper. A stationary or isolated step keeps the plain bound, so
+        # it reproduces the plain cost bit for bit.
+        reach0 = float(0.0)
+        for side in range(2):
+            if (side == 0 and has_prev == 1) or (side == 1 and has_next == 1):
+                sn = spheres[tid + (2 * side - 1) * spheres_per_step]
+                reach0 = wp.max(reach0, 0.5 * wp.length(wp.vec3(sn[0], sn[1], sn[2]) - p))
+        bound0 = max_dist
+        if reach0 > 0.0:
+            bound0 = wp.min(max_dist, reach0 * REACH_MARGIN + REACH_SLACK)
+        c0 = float(0.0)
+        g0 = wp.vec3(0.0, 0.0, 0.0)
+        clearance0 = float(0.0)
+        c0, g0, clearance0 = sphere_world_cost(
+            p, radius, eta, bound0, env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign
+        )
+        evaluations = int(1)
         cost = c0
         own = g0
         if n_sides > 0:
@@ -591,7 +608,8 @@ def swept_sphere_cost_kernel(
                     gk = wp.vec3(0.0, 0.0, 0.0)
                     clearance_k = float(0.0)
                     ck, gk, clearance_k = sphere_world_cost(
-                        q, radius, eta, max_dist, env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign
+                        q, radius, eta, wp.min(max_dist, (0.5 - sk) * seg_len * REACH_MARGIN + REACH_SLACK), env, mesh_idx, pose_inv, mesh_enable,
+                        n_env_mesh, sign_method, slot_sign
                     )
                     evaluations += 1
                     free_reach = wp.max(free_reach, sk * seg_len + clearance_k)
