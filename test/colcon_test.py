@@ -23,7 +23,7 @@ import ros_helpers as rh
 
 WORKSPACE = rh.REPO / "build" / "colcon_ws"
 INSTALL = WORKSPACE / "install"
-DOMAIN = rh.domain_id(61)
+DOMAIN = rh.domain_id(89)  # 61 is demo_test's
 PACKAGES = ("robot_sdf", "robot_sdf_interfaces")
 
 

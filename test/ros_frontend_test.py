@@ -92,9 +92,25 @@ class Frontend:
         return self.distance([[100.0, 100.0, 100.0]])[1]
 
     def publish_until_applied(self, publisher, msg) -> int:
+        """Publish ``msg`` every 0.1 s until the world revision moves (discovery may drop the first).
+
+        Mesh updates are queued and every copy is applied in order, so copies sent while the first
+        was still being applied would land after a later pose message and undo it: for the mesh
+        topic, also wait until the revision has been still for a second (the queue is drained)."""
         before = self.revision()
-        return rh.wait_until(lambda: publisher.publish(msg) or (self.revision() > before and self.revision()),
-                             10.0, interval=0.1, what="the update to apply")
+        applied = rh.wait_until(lambda: publisher.publish(msg) or (self.revision() > before and self.revision()),
+                                10.0, interval=0.1, what="the update to apply")
+        if publisher is self.mesh_pub:
+            history = [(time.monotonic(), self.revision())]
+
+            def settled():
+                now, rev = time.monotonic(), self.revision()
+                if rev != history[-1][1]:
+                    history.append((now, rev))
+                return now - history[-1][0] >= 1.0 and rev
+
+            applied = rh.wait_until(settled, 15.0, interval=0.1, what="the mesh update queue to drain")
+        return applied
 
     def set_parameter(self, name: str, value) -> tuple[bool, str]:
         kind = {bool: ParameterType.PARAMETER_BOOL, int: ParameterType.PARAMETER_INTEGER,
