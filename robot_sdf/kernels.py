@@ -49,8 +49,8 @@ WINDING_THRESHOLD = wp.constant(0.5)
 # The inside test evaluates the winding number at this coarser accuracy first (about half the
 # cost near a surface) and settles the sign when it is farther than WINDING_SETTLED from the
 # threshold; closer, it is re-evaluated at WINDING_ACCURACY, so the sign is Warp's own. The two
-# accuracies differed by at most 0.043 over 1.9 M points around the hard-mesh corpus and the
-# perception scan (docs/sign_methods.md), a quarter of the margin.
+# accuracies differed by at most 0.043 over 1.6 M points around the hard-mesh corpus and the
+# perception scan (docs/sign_methods.md), under a third of the margin.
 COARSE_WINDING_ACCURACY = wp.constant(1.5)
 WINDING_SETTLED = wp.constant(0.15)
 SIGN_DATA_MAGIC = wp.constant(7.0e5)  # robot_sdf.mesh_analysis.SIGN_DATA_MAGIC
