@@ -253,7 +253,9 @@ class MeshWorld:
         self._cache_bytes = 0
         self._capacity = int(mesh_capacity)
         self._revision = 0
-        self._snapshot = self._build_snapshot()
+        self._snapshot: WorldSnapshot | None = None
+        self._allocate_mirrors()
+        self._publish_snapshot(structural=True)
 
     # ------------------------------------------------------------------ reading
     @property
@@ -349,18 +351,24 @@ class MeshWorld:
                 self._slots[env].append(_Slot(name, geo, p, bool(enabled)))
                 if len(self._slots[env]) > self._capacity:
                     self._capacity = max(self._capacity * 2, len(self._slots[env]))
+                    self._allocate_mirrors()
+                else:
+                    self._mirror_slot(env, len(self._slots[env]) - 1)
+                    self._counts[env] = len(self._slots[env])
             else:
                 old = slot.geometry
                 slot.geometry, slot.pose, slot.enabled = geo, p, bool(enabled)
                 self._release_geometry(old)
-            return self._publish()
+                self._mirror_slot(env, self._index(env, slot))
+            return self._publish(structural=True)
 
     def remove_mesh(self, name: str, env: int = 0) -> int:
         with self._write_lock:
             slot = self._require(name, env)
             self._slots[env].remove(slot)
             self._release_geometry(slot.geometry)
-            return self._publish()
+            self._mirror_env(env)  # later slots move up by one: O(mesh_capacity)
+            return self._publish(structural=True)
 
     def set_pose(self, name: str, pose, env: int = 0) -> int:
         """Move a mesh: only the inverse-pose tensor changes.
@@ -373,7 +381,8 @@ class MeshWorld:
             if np.array_equal(slot.pose, p):
                 return self._revision
             slot.pose = p
-            return self._publish()
+            self._mirror_pose(env, self._index(env, slot))
+            return self._publish(pose=True)
 
     def set_enabled(self, name: str, enabled: bool, env: int = 0) -> int:
         """Enable or disable a mesh; no change (and no new revision) if it already is."""
@@ -382,7 +391,8 @@ class MeshWorld:
             if slot.enabled == bool(enabled):
                 return self._revision
             slot.enabled = bool(enabled)
-            return self._publish()
+            self._enable[env, self._index(env, slot)] = 1 if slot.enabled else 0
+            return self._publish(enable=True)
 
     def update_vertices(self, name: str, vertices, env: int = 0, pose=None) -> int:
         """New vertex positions (V,3) with the same topology: the BVH is refit, not rebuilt.
@@ -405,10 +415,12 @@ class MeshWorld:
             key = _content_key(v, old.triangles, old.requested)
             if p is not None:
                 slot.pose = p
+            index = self._index(env, slot)
             if old.users > 1 or key in self._geometries or key in self._unused:
                 # Shared (or already cached) content: this slot gets its own geometry.
                 slot.geometry = self._acquire_geometry(key, v, old.triangles, old.requested, name=name)
                 self._release_geometry(old)
+                self._mirror_slot(env, index)
             else:
                 # Readers must not run while the BVH is half refit. The sign method stays what it
                 # was (same topology); the centre too, so older snapshots keep their translation.
@@ -419,8 +431,10 @@ class MeshWorld:
                     del self._geometries[old.key]
                     old.key = key
                     self._geometries[key] = old
-                    return self._publish()
-            return self._publish()
+                    # Only this slot uses the geometry (users == 1): its cull radius and pose.
+                    self._mirror_slot(env, index)
+                    return self._publish(pose=True)
+            return self._publish(structural=True)
 
     # ------------------------------------------------------------------ checks
     def check_env(self, env) -> None:
@@ -449,6 +463,12 @@ class MeshWorld:
             if slot.name == name:
                 return slot
         return None
+
+    def _index(self, env: int, slot: _Slot) -> int:
+        for i, s in enumerate(self._slots[env]):
+            if s is slot:
+                return i
+        raise KeyError(slot.name)  # pragma: no cover - slots come from _require
 
     def _require(self, name: str, env: int) -> _Slot:
         self.check_env(env)
@@ -501,12 +521,95 @@ class MeshWorld:
         with self._write_lock:
             return len(self._unused), self._cache_bytes
 
-    def _publish(self) -> int:
+    # Snapshot machinery. Host (numpy) mirrors of every snapshot array are kept up to date slot by
+    # slot under the writer lock, so a pose or enable change costs O(1) Python work plus one copy
+    # of the arrays it touches (a memcpy on the CPU, one host-to-device copy on CUDA) instead of a
+    # Python loop over all num_envs * capacity slots. Every publish hands out fresh tensors
+    # (copy-on-write): a snapshot already taken never changes; tensors a change does not touch are
+    # shared with the previous snapshot (they are never written either).
+    def _allocate_mirrors(self) -> None:
+        """(Re)create the mirrors for the current capacity and fill them from the slots: O(slots)."""
+        e, m = self.num_envs, self._capacity
+        self._ids = np.zeros((e, m), np.int64)
+        self._pose_inv = np.zeros((e, m, POSE_INVERSE_SIZE), np.float32)
+        self._enable = np.zeros((e, m), np.uint8)
+        self._methods = np.zeros((e, m), np.uint8)
+        self._counts = np.zeros(e, np.int32)
+        for env in range(e):
+            self._mirror_env(env)
+
+    def _mirror_env(self, env: int) -> None:
+        """Refill one environment's rows (after a removal shifted its slots): O(capacity)."""
+        slots = self._slots[env]
+        self._ids[env] = 0
+        self._pose_inv[env] = 0.0
+        self._pose_inv[env, :, 3] = 1.0
+        self._enable[env] = 0
+        self._methods[env] = 0
+        self._counts[env] = len(slots)
+        for i in range(len(slots)):
+            self._mirror_slot(env, i)
+
+    def _mirror_slot(self, env: int, i: int) -> None:
+        """Write slot i of env (geometry, pose, enable flag) into the mirrors."""
+        slot = self._slots[env][i]
+        # Warp ids are uint64 addresses; the int64 tensor holds the same bits.
+        self._ids[env, i] = np.uint64(slot.geometry.mesh.id).astype(np.int64)
+        self._methods[env, i] = int(slot.geometry.method)
+        self._enable[env, i] = 1 if slot.enabled else 0
+        self._mirror_pose(env, i)
+
+    def _mirror_pose(self, env: int, i: int) -> None:
+        slot = self._slots[env][i]
+        inverse = geometry.pose_inverse(slot.pose)
+        # The Warp mesh is centred on the geometry's bounding-box centre.
+        inverse[:3] -= slot.geometry.centre
+        self._pose_inv[env, i, :7] = inverse
+        self._pose_inv[env, i, 7] = slot.geometry.cull_radius
+
+    def _tensor(self, mirror: np.ndarray) -> torch.Tensor:
+        """A new tensor on the world's device holding a copy of ``mirror`` (never aliasing it)."""
+        if self.device.type == "cpu":
+            return torch.from_numpy(mirror.copy())
+        return torch.from_numpy(mirror).to(self.device)
+
+    def _publish(self, structural: bool = False, pose: bool = False, enable: bool = False) -> int:
+        """Publish the mirrors as a new snapshot; ``pose``/``enable`` name the only arrays that
+        changed, ``structural`` (geometries, slots or capacity changed) copies every array."""
         self._revision += 1
-        self._snapshot = self._build_snapshot()
+        self._publish_snapshot(structural, pose, enable)
         return self._revision
 
+    def _publish_snapshot(self, structural: bool = False, pose: bool = False, enable: bool = False) -> None:
+        prev = self._snapshot
+        if structural or prev is None:
+            # Keep every geometry a slot names alive while this view exists: exactly the
+            # geometries in use (users > 0), O(distinct geometries) rather than O(slots).
+            self._snapshot = WorldSnapshot(
+                mesh_idx=self._tensor(self._ids),
+                mesh_pose_inverse=self._tensor(self._pose_inv),
+                mesh_enable=self._tensor(self._enable),
+                n_env_mesh=self._tensor(self._counts),
+                revision=self._revision,
+                sign_method=self.sign_method,
+                sign_methods=self._tensor(self._methods),
+                _keepalive=tuple(self._geometries.values()),
+            )
+            return
+        self._snapshot = WorldSnapshot(
+            mesh_idx=prev.mesh_idx,
+            mesh_pose_inverse=self._tensor(self._pose_inv) if pose else prev.mesh_pose_inverse,
+            mesh_enable=self._tensor(self._enable) if enable else prev.mesh_enable,
+            n_env_mesh=prev.n_env_mesh,
+            revision=self._revision,
+            sign_method=self.sign_method,
+            sign_methods=prev.sign_methods,
+            _keepalive=prev._keepalive,
+        )
+
     def _build_snapshot(self) -> WorldSnapshot:
+        """The snapshot rebuilt from the slots alone, without the mirrors: O(slots) Python. The
+        reference the incremental path is tested against (world_test.py)."""
         e, m = self.num_envs, self._capacity
         ids = np.zeros((e, m), np.int64)
         pose_inv = np.zeros((e, m, POSE_INVERSE_SIZE), np.float32)
@@ -518,10 +621,8 @@ class MeshWorld:
         for env, slots in enumerate(self._slots):
             counts[env] = len(slots)
             for i, slot in enumerate(slots):
-                # Warp ids are uint64 addresses; the int64 tensor holds the same bits.
                 ids[env, i] = np.uint64(slot.geometry.mesh.id).astype(np.int64)
                 inverse = geometry.pose_inverse(slot.pose)
-                # The Warp mesh is centred on the geometry's bounding-box centre.
                 inverse[:3] -= slot.geometry.centre
                 pose_inv[env, i, :7] = inverse
                 pose_inv[env, i, 7] = slot.geometry.cull_radius
