@@ -74,6 +74,25 @@ def _buffers(spheres: torch.Tensor):
             torch.empty((b, h, n), dtype=torch.uint8, device=dev))
 
 
+class _SphereCost(torch.autograd.Function):
+    """SdfMeshWarpPy's cost and backward for buffers this module owns, with the non-differentiable
+    arguments passed as one tuple: autograd inspects every argument of apply, so the fifteen of
+    SdfMeshWarpPy cost measurable time on a call of a few spheres."""
+
+    @staticmethod
+    def forward(ctx, spheres, call):
+        cost, grad, sparsity, rest, sign_methods = call
+        launch_sphere_cost(spheres, cost, grad, sparsity, *rest, compute_esdf=False,
+                           compute_grad=bool(ctx.needs_input_grad[0]), sign_method=sign_methods)
+        ctx.out_grad = grad  # an internal buffer, not an output: no reference cycle
+        return cost
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        # out_grad[..., 3] is zero, so the radius gets no gradient (as SdfMeshWarpPy.backward).
+        return grad_output.unsqueeze(-1) * ctx.out_grad, None
+
+
 def sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, env_index=None, max_distance=None):
     """Cost (b,h,n) of spheres (b,h,n,4) [x,y,z,r]; differentiable w.r.t. the sphere centres."""
     s = _prepare_spheres(world, spheres)
@@ -81,8 +100,8 @@ def sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, env_index=
     w, eta, max_d = _scalars(world, activation_distance, weight, max_distance)
     cost, grad, sparsity = _buffers(s)
     with world.reading() as snap:
-        return SdfMeshWarpPy.apply(s, cost, grad, sparsity, w, eta, snap.mesh_idx, snap.mesh_pose_inverse,
-                                   snap.mesh_enable, snap.n_env_mesh, max_d, env, False, False, snap.sign_methods)
+        rest = (w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d, env)
+        return _SphereCost.apply(s, (cost, grad, sparsity, rest, snap.sign_methods))
 
 
 def swept_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, sweep_steps=4, speed_dt=0.1,

@@ -20,6 +20,7 @@ grad_output from per-step partials kept from forward (swept_chain_rule).
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -91,24 +92,71 @@ def _torch_stream(device: torch.device) -> wp.Stream:
     return stream
 
 
+class _Launches(threading.local):
+    """Recorded Warp launches (``wp.launch(..., record_cmd=True)``), one per kernel and device and
+    per thread (a Launch holds its packed arguments, so two threads must not share one).
+
+    Re-running a recorded launch with new argument descriptors skips wp.launch's per-argument
+    type dispatch and packing, most of the fixed cost of a small evaluation."""
+
+    def __init__(self) -> None:
+        self.by_kernel: dict[tuple, tuple[object, int]] = {}
+
+
+_launches = _Launches()
+
+
+def _replay(kernel, wdev, total: int, args: list, stream=None) -> None:
+    """Launch ``kernel`` over ``total`` threads with ``args`` (its whole argument list, array
+    arguments as descriptors or wp.arrays, scalars as Python numbers) through a recorded launch
+    reused across calls."""
+    key = (kernel, wdev.alias)
+    entry = _launches.by_kernel.get(key)
+    if entry is None:
+        cmd = wp.launch(kernel, dim=total, inputs=args, device=wdev, record_cmd=True)
+        if not isinstance(cmd, wp.Launch) or cmd.fwd_args is None:
+            raise RuntimeError(f"Warp did not record a reusable launch of {kernel.key}")
+        _launches.by_kernel[key] = [cmd, total]
+    else:
+        cmd = entry[0]
+        if entry[1] != total:
+            cmd.set_dim(total)
+            entry[1] = total
+        # The packed argument list: params[0] is the launch bounds, params[i + 1] argument i. Array
+        # descriptors replace their slot (and, on CUDA, its address); scalars are written in place.
+        params, addresses, recorded = cmd.params, cmd.params_addr, cmd.fwd_args
+        for i, value in enumerate(args):
+            if isinstance(value, wp.array):
+                value = value.__ctype__()
+            if isinstance(value, _array_t):
+                if params[i + 1] is not value:
+                    params[i + 1] = value
+                    if addresses:
+                        addresses[i + 1] = ctypes.c_void_p(ctypes.addressof(value))
+            else:
+                params[i + 1].value = value
+            recorded[i] = value
+    cmd.launch(stream) if stream is not None else cmd.launch()
+
+
 def _launch(kernel, total: int, inputs_before_range: list, outputs: list, device: torch.device) -> None:
     """Launch ``kernel`` over ``total`` threads; its arguments end with (start, total, *outputs).
 
-    On CUDA the launch goes on torch's current stream. On the CPU, Warp runs a launch serially,
-    so large launches are split into contiguous chunks launched from a thread pool (Warp releases
-    the GIL while a CPU kernel runs, so the chunks run on separate cores).
+    Array arguments are launch descriptors (_as_warp); scalars are Python ints/floats matching
+    the kernel's types. On CUDA the launch goes on torch's current stream. On the CPU, Warp runs a
+    launch serially, so large launches are split into contiguous chunks launched from a thread
+    pool (Warp releases the GIL while a CPU kernel runs, so the chunks run on separate cores).
     """
     global _cpu_pool
     if total == 0:
         return
     wdev = warp_device(device)
     if device.type == "cuda":
-        wp.launch(kernel, dim=total, inputs=[*inputs_before_range, 0, total], outputs=outputs, device=wdev,
-                  stream=_torch_stream(device))
+        _replay(kernel, wdev, total, [*inputs_before_range, 0, total, *outputs], _torch_stream(device))
         return
-    threads = min(cpu_threads(), max(1, total // _CPU_MIN_SPHERES_PER_THREAD))
+    threads = 1 if total < 2 * _CPU_MIN_SPHERES_PER_THREAD else min(cpu_threads(), total // _CPU_MIN_SPHERES_PER_THREAD)
     if threads == 1:
-        wp.launch(kernel, dim=total, inputs=[*inputs_before_range, 0, total], outputs=outputs, device=wdev)
+        _replay(kernel, wdev, total, [*inputs_before_range, 0, total, *outputs])
         return
     with _cpu_pool_lock:
         if _cpu_pool is None or _cpu_pool._max_workers < threads:
@@ -126,9 +174,52 @@ def _launch(kernel, total: int, inputs_before_range: list, outputs: list, device
         f.result()
 
 
+# Warp's launch descriptor type, taken from its public API (the class itself is not exported).
+_array_t = type(wp.from_torch(torch.zeros(1), return_ctype=True))
+
+
 def _as_warp(t: torch.Tensor, dtype=None):
-    """Launch descriptor of a contiguous tensor (the ctype form: 4-5x cheaper than a wp.array)."""
-    return wp.from_torch(t, dtype=dtype, requires_grad=False, return_ctype=True)
+    """Launch descriptor (Warp's array_t) of a tensor whose dtype already matches the kernel's.
+
+    Built directly from the pointer, shape and strides: wp.from_torch(return_ctype=True) computes
+    the same structure with several times the Python work. ``dtype`` a Warp vector type (vec3,
+    vec4): the last dimension must be its length and contiguous, and is folded into the element.
+    """
+    shape = t.shape
+    size = t.element_size()
+    strides = t.stride()
+    if dtype is not None and hasattr(dtype, "_length_"):
+        length = dtype._length_
+        if shape[-1] != length or strides[-1] != 1:
+            raise ValueError(f"cannot view a tensor of shape {tuple(shape)} and strides {strides} as {dtype.__name__}")
+        shape, strides = shape[:-1], strides[:-1]
+        if not shape:
+            shape, strides = (1,), (length,)
+    return _array_t(t.data_ptr(), 0, len(shape), shape, [x * size for x in strides])
+
+
+def _flat(t: torch.Tensor, element_bytes: int):
+    """Descriptor of a contiguous tensor as a 1-D array of elements of ``element_bytes`` bytes
+    (e.g. 16 for vec4 over (..., 4) float32): the cheapest form, for per-call buffers."""
+    return _array_t(t.data_ptr(), 0, 1, (t.numel() * t.element_size() // element_bytes,), (element_bytes,))
+
+
+# Descriptors of tensors that callers keep across calls (a snapshot's tensors, cached scalar
+# constants), keyed by the tensors' identities. Entries hold the tensors themselves, so an id is
+# never reused while its entry exists; the data pointer is compared too in case one was set_().
+_descriptor_cache: dict = {}
+_DESCRIPTOR_CACHE_SIZE = 64
+
+
+def _cached(key: tuple, tensors: tuple, build):
+    entry = _descriptor_cache.get(key)
+    if entry is not None and entry[0][0].data_ptr() == entry[1]:
+        return entry[2]
+    value = build()
+    if len(_descriptor_cache) >= _DESCRIPTOR_CACHE_SIZE:
+        _descriptor_cache.clear()
+    _descriptor_cache[key] = (tensors, tensors[0].data_ptr(), value)
+    return value
 
 
 def _scalar(t, device: torch.device) -> torch.Tensor:
@@ -137,6 +228,13 @@ def _scalar(t, device: torch.device) -> torch.Tensor:
     if t.device == device and t.dtype == torch.float32 and t.dim() == 1 and t.shape[0] >= 1:
         return t
     return t.reshape(-1)[:1].to(device=device, dtype=torch.float32)
+
+
+def _scalar_warp(t, device: torch.device):
+    """Descriptor of a (1,) float32 scalar tensor on ``device`` (cached for tensors kept by the caller)."""
+    if isinstance(t, torch.Tensor) and t.device == device and t.dtype == torch.float32 and t.dim() == 1:
+        return _cached(("scalar", id(t)), (t,), lambda: _as_warp(t))
+    return _as_warp(_scalar(t, device))
 
 
 def _ready(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -170,7 +268,10 @@ def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device) -
                              f"got {tuple(sign_method.shape)}")
         if sign_method.device != device:
             raise ValueError(f"sign_method tensor is on {sign_method.device}, the spheres on {device}")
-        return _SIGN_PER_SLOT, _as_warp(_ready(sign_method, device, torch.uint8))
+        ready = _ready(sign_method, device, torch.uint8)
+        if ready is sign_method:
+            return _SIGN_PER_SLOT, _cached(("sign", id(ready)), (ready,), lambda: _as_warp(ready))
+        return _SIGN_PER_SLOT, _as_warp(ready)
     method = SignMethod.parse(sign_method)
     if method == SignMethod.WINDING_NUMBER:
         # A host copy of the ids (a device sync on CUDA): only for this call-wide override.
@@ -184,10 +285,22 @@ def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device) -
     unused = _no_slot_sign.get(device)
     if unused is None:
         unused = _no_slot_sign.setdefault(device, torch.zeros((1, 1), dtype=torch.uint8, device=device))
-    return int(method), _as_warp(unused)
+    return int(method), _cached(("no_sign", id(unused)), (unused,), lambda: _as_warp(unused))
 
 
 def _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device) -> tuple:
+    """Validated descriptors of the world tensors; a snapshot's tensors (the same objects call after
+    call) are validated and wrapped once."""
+    if mesh_idx.device != device:
+        raise ValueError(f"mesh_idx is on {mesh_idx.device} but query_spheres on {device}: "
+                         "the world and the spheres must share a device")
+    tensors = (mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh)
+    # The entry keeps the tensors it describes (converted copies included) alive.
+    return _cached(("world", device) + tuple(map(id, tensors)), tensors,
+                   lambda: _world_descriptors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device))[0]
+
+
+def _world_descriptors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device) -> tuple:
     if mesh_idx.dim() != 2:
         raise ValueError(f"mesh_idx must be (n_env, m), got {tuple(mesh_idx.shape)}")
     n_env, m = mesh_idx.shape
@@ -201,12 +314,9 @@ def _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, d
     if mesh_idx.device != device:
         raise ValueError(f"mesh_idx is on {mesh_idx.device} but query_spheres on {device}: "
                          "the world and the spheres must share a device")
-    return (
-        _as_warp(_ready(mesh_idx, device, torch.int64)),
-        _as_warp(_ready(mesh_pose_inverse, device, torch.float32)),
-        _as_warp(_ready(mesh_enable, device, torch.uint8)),
-        _as_warp(_ready(n_env_mesh.reshape(-1), device, torch.int32)),
-    )
+    ready = (_ready(mesh_idx, device, torch.int64), _ready(mesh_pose_inverse, device, torch.float32),
+             _ready(mesh_enable, device, torch.uint8), _ready(n_env_mesh.reshape(-1), device, torch.int32))
+    return tuple(_as_warp(t) for t in ready), ready
 
 
 def _env_query(env_query_idx, batch: int, device: torch.device):
@@ -214,7 +324,7 @@ def _env_query(env_query_idx, batch: int, device: torch.device):
         unused = _no_env_query.get(device)
         if unused is None:
             unused = _no_env_query.setdefault(device, torch.zeros(1, dtype=torch.int32, device=device))
-        return _as_warp(unused), 0
+        return _cached(("no_env", id(unused)), (unused,), lambda: _as_warp(unused)), 0
     env = env_query_idx.reshape(-1)
     if env.shape[0] != batch:
         raise ValueError(f"env_query_idx must have one entry per batch row ({batch}), got {env.shape[0]}")
@@ -229,11 +339,11 @@ class _Outputs:
         b, h, n = shape
         for name, t, want in (("out_cost", out_cost, (b, h, n)), ("out_grad", out_grad, (b, h, n, 4)),
                               ("sparsity_idx", sparsity_idx, (b, h, n))):
-            if tuple(t.shape) != want:
+            if t.shape != want:
                 raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
         if out_cost.dtype != torch.float32 or out_grad.dtype != torch.float32:
             raise ValueError("out_cost and out_grad must be float32")
-        if any(t.device != device for t in (out_cost, out_grad, sparsity_idx)):
+        if out_cost.device != device or out_grad.device != device or sparsity_idx.device != device:
             raise ValueError(f"out_cost, out_grad and sparsity_idx must be on the spheres' device {device}")
         self._targets = (out_cost, out_grad, sparsity_idx)
         self.cost = out_cost if out_cost.is_contiguous() else torch.empty_like(out_cost, memory_format=torch.contiguous_format)
@@ -242,7 +352,7 @@ class _Outputs:
         self.sparsity = sp if sp.is_contiguous() else sp.contiguous()
 
     def warp_arrays(self) -> list:
-        return [_as_warp(self.cost.view(-1)), _as_warp(self.grad.view(-1, 4), dtype=wp.vec4), _as_warp(self.sparsity.view(-1))]
+        return [_flat(self.cost, 4), _flat(self.grad, 16), _flat(self.sparsity, 1)]
 
     def finish(self) -> None:
         for target, mine in zip(self._targets, (self.cost, self.grad, self.sparsity)):
@@ -268,12 +378,12 @@ def launch_sphere_cost(
     b, h, n = _check_spheres(query_spheres)
     device = query_spheres.device
     outs = _Outputs(out_cost, out_grad, sparsity_idx, (b, h, n), device)
-    spheres = _as_warp(query_spheres.detach().contiguous().view(-1, 4), dtype=wp.vec4)
+    spheres = _flat(query_spheres.detach().contiguous(), 16)
     env_arr, use_env = _env_query(env_query_idx, b, device)
     world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
     inputs = [
-        spheres, _as_warp(_scalar(weight, device)), _as_warp(_scalar(activation_distance, device)),
-        _as_warp(_scalar(max_dist, device)), *world, env_arr, use_env, h * n,
+        spheres, _scalar_warp(weight, device), _scalar_warp(activation_distance, device),
+        _scalar_warp(max_dist, device), *world, env_arr, use_env, h * n,
         *_sign_arguments(sign_method, mesh_idx, device), int(bool(compute_esdf)), int(bool(compute_grad)),
     ]
     _launch(kernels.sphere_cost_kernel, b * h * n, inputs, outs.warp_arrays(), device)
@@ -334,7 +444,7 @@ def launch_swept_sphere_cost(
         raise ValueError(f"sweep_steps must be >= 0, got {sweep_steps}")
     device = query_spheres.device
     outs = _Outputs(out_cost, out_grad, sparsity_idx, (b, h, n), device)
-    spheres = _as_warp(query_spheres.detach().contiguous().view(-1, 4), dtype=wp.vec4)
+    spheres = _flat(query_spheres.detach().contiguous(), 16)
     env_arr, use_env = _env_query(env_query_idx, b, device)
     world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
     if out_evaluations is not None and (tuple(out_evaluations.shape) != (b, h, n) or out_evaluations.dtype != torch.int32
@@ -343,8 +453,8 @@ def launch_swept_sphere_cost(
     partials = SweptPartials(b, h, n, device) if compute_grad else SweptPartials(1, 1, 1, device)
     evaluations = out_evaluations if out_evaluations is not None else _unused_int(device)
     inputs = [
-        spheres, _as_warp(_scalar(weight, device)), _as_warp(_scalar(activation_distance, device)),
-        _as_warp(_scalar(max_dist, device)), _as_warp(_scalar(speed_dt, device)), *world, env_arr, use_env,
+        spheres, _scalar_warp(weight, device), _scalar_warp(activation_distance, device),
+        _scalar_warp(max_dist, device), _scalar_warp(speed_dt, device), *world, env_arr, use_env,
         h, n, int(sweep_steps), int(bool(enable_speed_metric)), *_sign_arguments(sign_method, mesh_idx, device),
         int(bool(compute_grad)), int(out_evaluations is not None),
     ]

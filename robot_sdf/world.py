@@ -170,26 +170,27 @@ class _ReadWriteLock:
         self._writers_waiting = 0
         self._held = threading.local()  # read depth of the calling thread
 
-    @contextmanager
-    def read(self) -> Iterator[None]:
+    def read(self) -> "_ReadHold":
+        """Context manager holding the read side (a plain class: cheaper than a generator, and
+        entered on every evaluation)."""
+        return _ReadHold(self)
+
+    def _acquire_read(self) -> None:
         depth = getattr(self._held, "depth", 0)
         if depth:
             # Re-entered by a thread that already reads: waiting for the writer would deadlock.
             self._held.depth = depth + 1
-            try:
-                yield
-            finally:
-                self._held.depth = depth
             return
         with self._cond:
             while self._writing or self._writers_waiting:
                 self._cond.wait()
             self._readers += 1
         self._held.depth = 1
-        try:
-            yield
-        finally:
-            self._held.depth = 0
+
+    def _release_read(self) -> None:
+        depth = self._held.depth
+        self._held.depth = depth - 1
+        if depth == 1:
             with self._cond:
                 self._readers -= 1
                 if self._readers == 0:
@@ -211,6 +212,34 @@ class _ReadWriteLock:
             with self._cond:
                 self._writing = False
                 self._cond.notify_all()
+
+
+class _ReadHold:
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: _ReadWriteLock) -> None:
+        self._lock = lock
+
+    def __enter__(self) -> None:
+        self._lock._acquire_read()
+
+    def __exit__(self, *exc) -> None:
+        self._lock._release_read()
+
+
+class _WorldRead:
+    """``MeshWorld.reading()``: holds off refits and yields the snapshot current on entry."""
+    __slots__ = ("_world",)
+
+    def __init__(self, world: "MeshWorld") -> None:
+        self._world = world
+
+    def __enter__(self) -> WorldSnapshot:
+        self._world._refit_lock._acquire_read()
+        return self._world._snapshot
+
+    def __exit__(self, *exc) -> None:
+        self._world._refit_lock._release_read()
 
 
 class MeshWorld:
@@ -277,11 +306,9 @@ class MeshWorld:
         """
         return self._snapshot
 
-    @contextmanager
-    def reading(self) -> Iterator[WorldSnapshot]:
-        """Hold off in-place refits while evaluating against the yielded snapshot."""
-        with self._refit_lock.read():
-            yield self._snapshot
+    def reading(self) -> "_WorldRead":
+        """Context manager: hold off in-place refits while evaluating against the yielded snapshot."""
+        return _WorldRead(self)
 
     # The accessors below take the writer lock (never held across a BVH build) so that they do
     # not see a slot half way through a replacement.
