@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -62,7 +63,12 @@ def init_warp() -> None:
 
 _loaded_devices: set[str] = set()
 _load_lock = threading.Lock()
-_streams: dict[tuple[int, int], wp.Stream] = {}
+# Warp views of torch streams, most recently used last. Bounded: a caller that makes a new torch
+# stream per call must not grow it without limit (a view only wraps the handle; dropping it does
+# not destroy torch's stream). Locked: service threads look streams up concurrently.
+_streams: OrderedDict[tuple[int, int], wp.Stream] = OrderedDict()
+_streams_lock = threading.Lock()
+STREAM_CACHE_SIZE = 32
 
 
 def warp_device(device: torch.device):
@@ -85,11 +91,16 @@ def _torch_stream(device: torch.device) -> wp.Stream:
     """Warp view of torch's current stream on ``device``, cached per stream handle."""
     ts = torch.cuda.current_stream(device)
     key = (device.index or 0, int(ts.cuda_stream))
-    stream = _streams.get(key)
-    if stream is None:
+    with _streams_lock:
+        stream = _streams.get(key)
+        if stream is not None:
+            _streams.move_to_end(key)
+            return stream
         stream = wp.stream_from_torch(ts)
         _streams[key] = stream
-    return stream
+        while len(_streams) > STREAM_CACHE_SIZE:
+            _streams.popitem(last=False)
+        return stream
 
 
 class _Launches(threading.local):
@@ -270,22 +281,36 @@ def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device) -
             raise ValueError(f"sign_method tensor is on {sign_method.device}, the spheres on {device}")
         ready = _ready(sign_method, device, torch.uint8)
         if ready is sign_method:
-            return _SIGN_PER_SLOT, _cached(("sign", id(ready)), (ready,), lambda: _as_warp(ready))
-        return _SIGN_PER_SLOT, _as_warp(ready)
+            return _SIGN_PER_SLOT, _cached(("sign", id(ready), id(mesh_idx)), (ready, mesh_idx),
+                                           lambda: _checked_slot_signs(ready, mesh_idx))
+        return _SIGN_PER_SLOT, _checked_slot_signs(ready, mesh_idx)
     method = SignMethod.parse(sign_method)
     if method == SignMethod.WINDING_NUMBER:
         # A host copy of the ids (a device sync on CUDA): only for this call-wide override.
-        ids = mesh_idx.detach().reshape(-1).cpu().numpy().astype(np.uint64)
-        for mesh_id in np.unique(ids[ids != 0]):
-            if _winding_support.get(int(mesh_id)) is False:
-                raise ValueError(
-                    "sign_method winding_number: a mesh of this world was built without winding-number "
-                    "support; add it with sign_method='winding_number' (or let auto choose it), or pass "
-                    "the world's per-slot snapshot().sign_methods")
+        _check_winding_support(mesh_idx.detach().reshape(-1).cpu().numpy().astype(np.uint64))
     unused = _no_slot_sign.get(device)
     if unused is None:
         unused = _no_slot_sign.setdefault(device, torch.zeros((1, 1), dtype=torch.uint8, device=device))
     return int(method), _cached(("no_sign", id(unused)), (unused,), lambda: _as_warp(unused))
+
+
+def _check_winding_support(ids: np.ndarray) -> None:
+    for mesh_id in np.unique(ids[ids != 0]):
+        if _winding_support.get(int(mesh_id)) is False:
+            raise ValueError(
+                "sign_method winding_number: a mesh of this world was built without winding-number "
+                "support; add it with sign_method='winding_number' (or let auto choose it), or pass "
+                "the world's per-slot snapshot().sign_methods")
+
+
+def _checked_slot_signs(signs: torch.Tensor, mesh_idx: torch.Tensor):
+    """Descriptor of a per-slot sign tensor, after refusing winding_number on any slot whose mesh
+    has no winding-number data (Warp would read memory the mesh does not have; on CUDA an illegal
+    address ends the process's CUDA context). A host copy, so callers cache the result per tensor."""
+    wanted = (signs.detach().cpu().numpy() == int(SignMethod.WINDING_NUMBER))
+    if wanted.any():
+        _check_winding_support(mesh_idx.detach().cpu().numpy().astype(np.uint64)[wanted])
+    return _as_warp(signs)
 
 
 def _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device) -> tuple:

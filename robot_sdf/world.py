@@ -214,6 +214,103 @@ class _ReadWriteLock:
                 self._cond.notify_all()
 
 
+class _Retention:
+    """What a snapshot keeps alive, and on CUDA for how long.
+
+    A snapshot names Warp meshes (by address) and owns small tensors that kernels read on the
+    caller's stream. On the CPU kernels have run when the launch returns; on CUDA they may still
+    be queued when the caller drops the snapshot, so ``after_use`` records an event on the
+    caller's stream and, when the snapshot is collected before that event has completed, its
+    geometries and tensors move to a graveyard that lets go of them once it has (checked on every
+    later collection and world change; never a host wait). ``ready`` is an event on Warp's stream
+    recorded at publication, after every BVH build or refit this snapshot depends on: evaluations
+    make their stream wait for it (stream-ordered, instead of a whole-device sync).
+    """
+
+    __slots__ = ("geometries", "tensors", "event", "ready", "tracker")
+
+    def __init__(self, geometries: tuple, tensors: tuple, ready=None, tracker=None):
+        self.geometries = geometries
+        self.tensors = tensors
+        self.event = None
+        self.ready = ready
+        self.tracker = tracker
+
+    def before_use(self) -> None:
+        if self.ready is not None:
+            torch.cuda.current_stream(self.ready.device).wait_event(self.ready)
+
+    def after_use(self) -> None:
+        if self.ready is None:
+            return
+        stream = torch.cuda.current_stream(self.ready.device)
+        event = torch.cuda.Event()
+        event.record(stream)
+        self.event = event
+        if self.tracker is not None:
+            self.tracker.note(stream, event)
+
+    def __del__(self) -> None:
+        event = self.event
+        if event is not None and not event.query():
+            _graveyard.add(event, self.geometries, self.tensors)
+        _graveyard.purge()
+
+
+class _Graveyard:
+    """Geometries and tensors of collected snapshots whose last kernels may still run (CUDA)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: list[tuple] = []
+
+    def add(self, event, geometries: tuple, tensors: tuple) -> None:
+        with self._lock:
+            self._entries.append((event, geometries, tensors))
+
+    def purge(self) -> None:
+        if not self._entries:
+            return
+        with self._lock:
+            done, pending = [], []
+            for entry in self._entries:
+                (done if entry[0].query() else pending).append(entry)
+            self._entries = pending
+        del done  # geometries are freed here, outside the lock
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_graveyard = _Graveyard()
+
+
+class _StreamTracker:
+    """The last evaluation event per CUDA stream that read this world: an in-place refit makes
+    Warp's stream wait for them instead of synchronising the whole device. Bounded."""
+
+    _MAX_STREAMS = 32
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: OrderedDict[int, object] = OrderedDict()
+
+    def note(self, stream, event) -> None:
+        with self._lock:
+            key = int(stream.cuda_stream)
+            self._events[key] = event
+            self._events.move_to_end(key)
+            while len(self._events) > self._MAX_STREAMS:
+                self._events.popitem(last=False)
+
+    def make_wait(self, stream) -> None:
+        """Make ``stream`` (a torch stream) wait for every recorded evaluation."""
+        with self._lock:
+            events = list(self._events.values())
+        for event in events:
+            stream.wait_event(event)
+
+
 class _ReadHold:
     __slots__ = ("_lock",)
 
@@ -228,18 +325,28 @@ class _ReadHold:
 
 
 class _WorldRead:
-    """``MeshWorld.reading()``: holds off refits and yields the snapshot current on entry."""
-    __slots__ = ("_world",)
+    """``MeshWorld.reading()``: holds off refits and yields the snapshot current on entry; on CUDA
+    the caller's stream waits for that snapshot's builds on entry and an event marks the work
+    queued inside on exit (see _Retention)."""
+
+    __slots__ = ("_world", "_snapshot")
 
     def __init__(self, world: "MeshWorld") -> None:
         self._world = world
 
     def __enter__(self) -> WorldSnapshot:
         self._world._refit_lock._acquire_read()
-        return self._world._snapshot
+        snap = self._snapshot = self._world._snapshot
+        if self._world.device.type == "cuda":
+            snap.before_use()
+        return snap
 
     def __exit__(self, *exc) -> None:
-        self._world._refit_lock._release_read()
+        try:
+            if self._world.device.type == "cuda":
+                self._snapshot.after_use()
+        finally:
+            self._world._refit_lock._release_read()
 
 
 class MeshWorld:
@@ -282,6 +389,7 @@ class MeshWorld:
         self._cache_bytes = 0
         self._capacity = int(mesh_capacity)
         self._revision = 0
+        self._streams = _StreamTracker()
         self._snapshot: WorldSnapshot | None = None
         self._allocate_mirrors()
         self._publish_snapshot(structural=True)
@@ -470,15 +578,22 @@ class MeshWorld:
             raise ValueError(f"env {env!r} out of range: this world has {self.num_envs} environment(s)")
 
     # ------------------------------------------------------------------ internals
+    def _warp_stream(self):
+        """Warp's stream on this world's device (where builds and refits run), as a torch stream."""
+        return torch.cuda.ExternalStream(wp.get_stream(warp_device(self.device)).cuda_stream, device=self.device)
+
     def _sync_device_before_write(self) -> None:
-        # Queries run on torch's current stream, builds and refits on Warp's: on CUDA, let queued
-        # queries finish before a BVH changes under them.
+        # Queries run on their callers' torch streams, builds and refits on Warp's: on CUDA, Warp's
+        # stream waits (stream-ordered, no host wait) for the evaluations queued so far before a
+        # BVH changes in place under them. Evaluations start inside reading(), which a refit
+        # excludes, so none is queued between this wait and the refit.
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            self._streams.make_wait(self._warp_stream())
 
     def _sync_device_after_write(self) -> None:
-        if self.device.type == "cuda":
-            wp.synchronize_device(warp_device(self.device))
+        # Nothing to wait for on the host: the snapshot published next records an event on Warp's
+        # stream after the build or refit, and evaluations wait for it on their own stream.
+        _graveyard.purge()
 
     @staticmethod
     def _check_name(name) -> None:
@@ -609,29 +724,30 @@ class MeshWorld:
 
     def _publish_snapshot(self, structural: bool = False, pose: bool = False, enable: bool = False) -> None:
         prev = self._snapshot
+        ready = None
+        if self.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record(self._warp_stream())
         if structural or prev is None:
             # Keep every geometry a slot names alive while this view exists: exactly the
             # geometries in use (users > 0), O(distinct geometries) rather than O(slots).
-            self._snapshot = WorldSnapshot(
-                mesh_idx=self._tensor(self._ids),
-                mesh_pose_inverse=self._tensor(self._pose_inv),
-                mesh_enable=self._tensor(self._enable),
-                n_env_mesh=self._tensor(self._counts),
-                revision=self._revision,
-                sign_method=self.sign_method,
-                sign_methods=self._tensor(self._methods),
-                _keepalive=tuple(self._geometries.values()),
-            )
-            return
+            geometries = tuple(self._geometries.values())
+            tensors = (self._tensor(self._ids), self._tensor(self._pose_inv), self._tensor(self._enable),
+                       self._tensor(self._counts), self._tensor(self._methods))
+        else:
+            geometries = prev._keepalive[0].geometries
+            tensors = (prev.mesh_idx, self._tensor(self._pose_inv) if pose else prev.mesh_pose_inverse,
+                       self._tensor(self._enable) if enable else prev.mesh_enable, prev.n_env_mesh,
+                       prev.sign_methods)
         self._snapshot = WorldSnapshot(
-            mesh_idx=prev.mesh_idx,
-            mesh_pose_inverse=self._tensor(self._pose_inv) if pose else prev.mesh_pose_inverse,
-            mesh_enable=self._tensor(self._enable) if enable else prev.mesh_enable,
-            n_env_mesh=prev.n_env_mesh,
+            mesh_idx=tensors[0],
+            mesh_pose_inverse=tensors[1],
+            mesh_enable=tensors[2],
+            n_env_mesh=tensors[3],
             revision=self._revision,
             sign_method=self.sign_method,
-            sign_methods=prev.sign_methods,
-            _keepalive=prev._keepalive,
+            sign_methods=tensors[4],
+            _keepalive=(_Retention(geometries, tensors, ready, self._streams),),
         )
 
     def _build_snapshot(self) -> WorldSnapshot:
