@@ -117,6 +117,30 @@ class _Launches(threading.local):
 _launches = _Launches()
 
 
+class _CpuCall:
+    """A recorded CPU launch called through its kernel hook with a persistent argument struct
+    (what Warp's own replay does, minus building and filling a fresh struct on every call): only
+    the arguments that changed since the last call are written."""
+
+    def __init__(self, cmd) -> None:
+        self.cmd = cmd
+        fields = [(arg.label, type(value)) for arg, value in zip(cmd.kernel.adj.args, cmd.params[1:])]
+        self.names = [name for name, _ in fields]
+        self.struct = type("RobotSdfArgs", (ctypes.Structure,), {"_fields_": fields})()
+        self.last: list = [None] * len(fields)
+        self.hook = cmd.hooks.forward
+
+    def __call__(self, args: list) -> None:
+        struct, last, names = self.struct, self.last, self.names
+        for i, value in enumerate(args):
+            if value is not last[i]:
+                if isinstance(value, wp.array):
+                    value = value.__ctype__()
+                setattr(struct, names[i], value)
+                last[i] = value
+        self.hook(ctypes.byref(self.cmd.bounds), ctypes.byref(struct))
+
+
 def _replay(kernel, wdev, total: int, args: list, stream=None) -> None:
     """Launch ``kernel`` over ``total`` threads with ``args`` (its whole argument list, array
     arguments as descriptors or wp.arrays, scalars as Python numbers) through a recorded launch
@@ -127,26 +151,35 @@ def _replay(kernel, wdev, total: int, args: list, stream=None) -> None:
         cmd = wp.launch(kernel, dim=total, inputs=args, device=wdev, record_cmd=True)
         if not isinstance(cmd, wp.Launch) or cmd.fwd_args is None:
             raise RuntimeError(f"Warp did not record a reusable launch of {kernel.key}")
-        _launches.by_kernel[key] = [cmd, total]
-    else:
-        cmd = entry[0]
-        if entry[1] != total:
-            cmd.set_dim(total)
-            entry[1] = total
-        # The packed argument list: params[0] is the launch bounds, params[i + 1] argument i. Array
-        # descriptors replace their slot (and, on CUDA, its address); scalars are written in place.
-        params, addresses, recorded = cmd.params, cmd.params_addr, cmd.fwd_args
-        for i, value in enumerate(args):
-            if isinstance(value, wp.array):
-                value = value.__ctype__()
-            if isinstance(value, _array_t):
-                if params[i + 1] is not value:
-                    params[i + 1] = value
-                    if addresses:
-                        addresses[i + 1] = ctypes.c_void_p(ctypes.addressof(value))
-            else:
-                params[i + 1].value = value
-            recorded[i] = value
+        # CPU kernels without thread blocks go straight to their hook (Warp's invoke path).
+        fast = _CpuCall(cmd) if wdev.is_cpu and cmd.block_dim <= 1 and not cmd.adjoint else None
+        _launches.by_kernel[key] = [cmd, total, fast]
+        if fast is not None:
+            fast(args)
+        else:
+            cmd.launch(stream) if stream is not None else cmd.launch()
+        return
+    cmd, dim, fast = entry
+    if dim != total:
+        cmd.set_dim(total)
+        entry[1] = total
+    if fast is not None:
+        fast(args)
+        return
+    # The packed argument list: params[0] is the launch bounds, params[i + 1] argument i. Array
+    # descriptors replace their slot (and, on CUDA, its address); scalars are written in place.
+    params, addresses, recorded = cmd.params, cmd.params_addr, cmd.fwd_args
+    for i, value in enumerate(args):
+        if isinstance(value, wp.array):
+            value = value.__ctype__()
+        if isinstance(value, _array_t):
+            if params[i + 1] is not value:
+                params[i + 1] = value
+                if addresses:
+                    addresses[i + 1] = ctypes.c_void_p(ctypes.addressof(value))
+        else:
+            params[i + 1].value = value
+        recorded[i] = value
     cmd.launch(stream) if stream is not None else cmd.launch()
 
 
