@@ -242,6 +242,14 @@ def _as_warp(t: torch.Tensor, dtype=None):
     return _array_t(t.data_ptr(), 0, len(shape), shape, [x * size for x in strides])
 
 
+def _owning(t: torch.Tensor, dtype=None):
+    """Descriptor of a tensor made for this call only (a converted copy): the descriptor keeps it
+    alive until the launch has used it (a descriptor alone holds just the address)."""
+    desc = _as_warp(t, dtype)
+    desc.owner = t
+    return desc
+
+
 def _flat(t: torch.Tensor, element_bytes: int):
     """Descriptor of a contiguous tensor as a 1-D array of elements of ``element_bytes`` bytes
     (e.g. 16 for vec4 over (..., 4) float32): the cheapest form, for per-call buffers."""
@@ -278,7 +286,7 @@ def _scalar_warp(t, device: torch.device):
     """Descriptor of a (1,) float32 scalar tensor on ``device`` (cached for tensors kept by the caller)."""
     if isinstance(t, torch.Tensor) and t.device == device and t.dtype == torch.float32 and t.dim() == 1:
         return _cached(("scalar", id(t)), (t,), lambda: _as_warp(t))
-    return _as_warp(_scalar(t, device))
+    return _owning(_scalar(t, device))
 
 
 def _ready(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -343,7 +351,7 @@ def _checked_slot_signs(signs: torch.Tensor, mesh_idx: torch.Tensor):
     wanted = (signs.detach().cpu().numpy() == int(SignMethod.WINDING_NUMBER))
     if wanted.any():
         _check_winding_support(mesh_idx.detach().cpu().numpy().astype(np.uint64)[wanted])
-    return _as_warp(signs)
+    return _owning(signs)
 
 
 def _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device) -> tuple:
@@ -386,7 +394,7 @@ def _env_query(env_query_idx, batch: int, device: torch.device):
     env = env_query_idx.reshape(-1)
     if env.shape[0] != batch:
         raise ValueError(f"env_query_idx must have one entry per batch row ({batch}), got {env.shape[0]}")
-    return _as_warp(_ready(env, device, torch.int32)), 1
+    return _owning(_ready(env, device, torch.int32)), 1
 
 
 class _Outputs:
@@ -436,7 +444,9 @@ def launch_sphere_cost(
     b, h, n = _check_spheres(query_spheres)
     device = query_spheres.device
     outs = _Outputs(out_cost, out_grad, sparsity_idx, (b, h, n), device)
-    spheres = _flat(query_spheres.detach().contiguous(), 16)
+    # Keep the contiguous tensor referenced until the launch: a descriptor holds only its address.
+    spheres_data = query_spheres.detach().contiguous()
+    spheres = _flat(spheres_data, 16)
     env_arr, use_env = _env_query(env_query_idx, b, device)
     world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
     inputs = [
@@ -502,7 +512,9 @@ def launch_swept_sphere_cost(
         raise ValueError(f"sweep_steps must be >= 0, got {sweep_steps}")
     device = query_spheres.device
     outs = _Outputs(out_cost, out_grad, sparsity_idx, (b, h, n), device)
-    spheres = _flat(query_spheres.detach().contiguous(), 16)
+    # Keep the contiguous tensor referenced until the launch: a descriptor holds only its address.
+    spheres_data = query_spheres.detach().contiguous()
+    spheres = _flat(spheres_data, 16)
     env_arr, use_env = _env_query(env_query_idx, b, device)
     world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
     if out_evaluations is not None and (tuple(out_evaluations.shape) != (b, h, n) or out_evaluations.dtype != torch.int32

@@ -227,23 +227,24 @@ class _Retention:
     make their stream wait for it (stream-ordered, instead of a whole-device sync).
     """
 
-    __slots__ = ("geometries", "tensors", "event", "ready", "tracker")
+    __slots__ = ("geometries", "tensors", "event", "ready", "tracker", "device")
 
-    def __init__(self, geometries: tuple, tensors: tuple, ready=None, tracker=None):
+    def __init__(self, geometries: tuple, tensors: tuple, ready=None, tracker=None, device=None):
         self.geometries = geometries
         self.tensors = tensors
         self.event = None
-        self.ready = ready
+        self.ready = ready  # None on the CPU: kernels there have run when the launch returns
         self.tracker = tracker
+        self.device = device
 
     def before_use(self) -> None:
         if self.ready is not None:
-            torch.cuda.current_stream(self.ready.device).wait_event(self.ready)
+            torch.cuda.current_stream(self.device).wait_event(self.ready)
 
     def after_use(self) -> None:
         if self.ready is None:
             return
-        stream = torch.cuda.current_stream(self.ready.device)
+        stream = torch.cuda.current_stream(self.device)
         event = torch.cuda.Event()
         event.record(stream)
         self.event = event
@@ -251,10 +252,13 @@ class _Retention:
             self.tracker.note(stream, event)
 
     def __del__(self) -> None:
-        event = self.event
-        if event is not None and not event.query():
-            _graveyard.add(event, self.geometries, self.tensors)
-        _graveyard.purge()
+        try:
+            event = self.event
+            if event is not None and not event.query():
+                _graveyard.add(event, self.geometries, self.tensors)
+            _graveyard.purge()
+        except Exception:  # pragma: no cover - interpreter shutdown (module globals gone)
+            pass
 
 
 class _Graveyard:
@@ -747,7 +751,7 @@ class MeshWorld:
             revision=self._revision,
             sign_method=self.sign_method,
             sign_methods=tensors[4],
-            _keepalive=(_Retention(geometries, tensors, ready, self._streams),),
+            _keepalive=(_Retention(geometries, tensors, ready, self._streams, self.device),),
         )
 
     def _build_snapshot(self) -> WorldSnapshot:

@@ -583,3 +583,23 @@ def test_pose_update_does_not_alias_earlier_snapshot_tensors(device):
     assert after.mesh_pose_inverse.data_ptr() != before.mesh_pose_inverse.data_ptr()
     np.testing.assert_allclose(after.mesh_pose_inverse[2, 0, 3:7].cpu().numpy(), ref.pose_inverse(POSE_B)[3:7],
                                atol=1e-6)
+
+
+def test_converted_arguments_stay_valid_through_the_launch(device):
+    """Python-number scalars, an int64 env index and strided spheres are converted per call; the
+    converted copies must live until the kernel has read them (a descriptor holds only an address)."""
+    world = MeshWorld(device=device, num_envs=2, mesh_capacity=2, max_distance=MAX_DIST, sign_method="normal")
+    world.add_mesh("a", BOX_V, BOX_T, POSE_A, env=1)
+    snap = world.snapshot()
+    wide = torch.zeros((1, 1, SPHERES.shape[2], 8), dtype=torch.float32, device=device)
+    wide[..., ::2] = torch.tensor(SPHERES, dtype=torch.float32, device=device)
+    s = wide[..., ::2]  # not contiguous
+    assert not s.is_contiguous()
+    expected = ref_cost([ref.RefMesh(BOX_V, BOX_T, POSE_A)]) * 2.0
+    for _ in range(3):
+        outs = (torch.empty(s.shape[:-1], device=device), torch.empty(s.shape[:-1] + (4,), device=device),
+                torch.empty(s.shape[:-1], dtype=torch.uint8, device=device))
+        cost = SdfMeshWarpPy.apply(s, *outs, 2.0, ETA, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable,
+                                   snap.n_env_mesh, MAX_DIST, torch.ones(1, dtype=torch.int64, device=device),
+                                   False, False, snap.sign_methods.to(torch.int64))
+        np.testing.assert_allclose(cost.cpu().double().numpy(), expected, atol=2 * ATOL, rtol=1e-4)
