@@ -23,6 +23,8 @@ from robot_sdf.warp_primitives import (
 def _prepare_spheres(world, spheres: torch.Tensor) -> torch.Tensor:
     if spheres.dim() != 4 or spheres.shape[-1] != 4:
         raise ValueError(f"spheres must be (b, h, n, 4), got {tuple(spheres.shape)}")
+    if spheres.dtype == torch.float32 and spheres.device == world.device:
+        return spheres
     return spheres.to(device=world.device, dtype=torch.float32)
 
 
@@ -40,6 +42,28 @@ def _prepare_env_index(world, env_index, batch: int):
 
 
 def _scalars(world, activation_distance, weight, max_distance):
+    key = (world.device, activation_distance, weight, world.max_distance if max_distance is None else max_distance)
+    try:
+        cached = _scalar_sets.get(key)
+    except TypeError:  # unhashable (e.g. a tensor): validate below, uncached
+        cached = key = None
+    if cached is not None:
+        return cached
+    result = _checked_scalars(world, activation_distance, weight, max_distance)
+    if key is not None and type(key[1]) in (int, float) and type(key[2]) in (int, float) \
+            and type(key[3]) in (int, float):
+        if len(_scalar_sets) >= _MAX_CONSTANTS:
+            _scalar_sets.clear()
+        _scalar_sets[key] = result
+    return result
+
+
+# (device, activation, weight, max_distance) as given (plain numbers only) -> the three validated
+# constant tensors: one lookup per call instead of three conversions and checks.
+_scalar_sets: dict[tuple, tuple] = {}
+
+
+def _checked_scalars(world, activation_distance, weight, max_distance):
     max_d = world.max_distance if max_distance is None else float(max_distance)
     for name, value, lower in (("activation_distance", activation_distance, 0.0), ("weight", weight, None),
                                ("max_distance", max_d, 0.0)):

@@ -62,6 +62,7 @@ def init_warp() -> None:
 
 
 _loaded_devices: set[str] = set()
+_warp_devices: dict[torch.device, object] = {}
 _load_lock = threading.Lock()
 # Warp views of torch streams, most recently used last. Bounded: a caller that makes a new torch
 # stream per call must not grow it without limit (a view only wraps the handle; dropping it does
@@ -76,6 +77,9 @@ def warp_device(device: torch.device):
 
     Warp's module loading is not thread-safe, so it happens once per device under a lock
     (service threads of a node may make their first launches concurrently)."""
+    wdev = _warp_devices.get(device)
+    if wdev is not None:
+        return wdev
     init_warp()
     wdev = wp.device_from_torch(device)
     if wdev.alias not in _loaded_devices:
@@ -84,6 +88,7 @@ def warp_device(device: torch.device):
                 wp.load_module(kernels, device=wdev)
                 wp.load_module(mesh_analysis, device=wdev)
                 _loaded_devices.add(wdev.alias)
+    _warp_devices[device] = wdev  # only once its modules are loaded
     return wdev
 
 
