@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import warp as wp
 
-from bench import Stats, emit, fmt_ms, fmt_rate, load_average, measure, section, table
+from bench import Stats, emit, fmt_ms, fmt_rate, load_average, measure, section, table  # noqa: F401
 from bench import scenes
 from bench.legacy_swept import legacy_swept_sphere_cost_kernel
 from robot_sdf import MeshWorld, SignMethod, kernels
@@ -211,6 +211,15 @@ class FloorRunner:
                   outputs=[self.out], device=self.wdev)
 
 
+def open3d_module():
+    """open3d, or None when it is not installed (the GPU image has none): its rows are skipped."""
+    try:
+        import open3d
+    except ImportError:
+        return None
+    return open3d
+
+
 def open3d_scene(meshes: list[scenes.SceneMesh]):
     """All meshes, transformed to the world frame, in one Open3D RaycastingScene (CPU)."""
     import open3d as o3d
@@ -257,10 +266,10 @@ def standard_table(b: Bench) -> None:
     cost = CostRunner(world, spheres)
     swept = CostRunner(world, scenes.trajectories(b.meshes, *b.traj))
     floor = FloorRunner(cost)
-    o3d_scene = open3d_scene(b.meshes)
-    import open3d as o3d
-
-    o3d_points = o3d.core.Tensor(np.ascontiguousarray(spheres[:, :3]))
+    o3d = open3d_module()
+    if o3d is not None:
+        o3d_scene = open3d_scene(b.meshes)
+        o3d_points = o3d.core.Tensor(np.ascontiguousarray(spheres[:, :3]))
     n_tri = sum(len(m.triangles) for m in b.meshes)
     emit(f"{len(b.meshes)} meshes, {n_tri:,} triangles; {cost.count:,} spheres r = {scenes.SPHERE_RADIUS} m "
          f"within {scenes.SURFACE_OFFSET} m of the surfaces; max_dist {scenes.MAX_DIST} m, activation "
@@ -282,7 +291,8 @@ def standard_table(b: Bench) -> None:
 
         cases["SdfMeshWarpPy fwd+bwd, 1 thread"] = cost_one_thread
         cases["floor, bound max_dist+r+eta, 1 thread"] = floor.single_thread
-    cases["Open3D compute_signed_distance (CPU)"] = lambda: o3d_scene.compute_signed_distance(o3d_points)
+    if o3d is not None:
+        cases["Open3D compute_signed_distance (CPU)"] = lambda: o3d_scene.compute_signed_distance(o3d_points)
     res = b.timed(cases)
 
     threads = "GPU" if b.device != "cpu" else f"{_threads_for(cost.count)} threads"
@@ -299,17 +309,21 @@ def standard_table(b: Bench) -> None:
         n = swept.count if name.startswith("Swept") else cost.count
         rows.append(_row(name, st, n, notes.get(name, "")))
     emit(table(["case", "spheres", "median ms (p25-p75)", "throughput", "note"], rows))
+    if o3d is None:
+        emit("\nOpen3D is not installed: its row, ratio and cross-check are skipped.")
 
     med = {k: st.median for k, st in res.items()}
     fb = med["SdfMeshWarpPy fwd+bwd"]
     ratios = [
         ["cost fwd+bwd / floor (bound max_dist+r+eta)", f"{fb / res['floor, bound max_dist+r+eta'].median:.2f}"],
         ["cost fwd+bwd / floor (bound max_dist)", f"{fb / res['floor, bound max_dist'].median:.2f}"],
-        ["cost fwd+bwd / Open3D signed distance", f"{fb / res['Open3D compute_signed_distance (CPU)'].median:.2f}"],
         ["cost fwd+bwd / cost fwd", f"{fb / res['SdfMeshWarpPy fwd'].median:.2f}"],
         ["swept fwd+bwd / cost fwd+bwd (per sphere)",
          f"{(res['SweptSdfMeshWarpPy fwd+bwd'].median / swept.count) / (fb / cost.count):.2f}"],
     ]
+    if o3d is not None:
+        ratios.insert(2, ["cost fwd+bwd / Open3D signed distance",
+                          f"{fb / res['Open3D compute_signed_distance (CPU)'].median:.2f}"])
     if b.device == "cpu":
         floor_1 = med["floor, bound max_dist+r+eta, 1 thread"]
         ratios.append(["cost fwd+bwd 1 thread / floor 1 thread",
@@ -321,6 +335,8 @@ def standard_table(b: Bench) -> None:
 
     # Sanity: the three compute the same geometry. Floor and Open3D agree on the unsigned
     # distance within the bound; the cost's sign agrees with Open3D's.
+    if o3d is None:
+        return
     floor.threaded(True)
     d_floor = floor.out_t.cpu().numpy()
     sd_o3d = o3d_scene.compute_signed_distance(o3d_points).numpy()
@@ -510,10 +526,92 @@ def perception_free_space(b: Bench) -> None:
          f"; spheres with cost > 0: {int((runner.cost > 0).sum())}")
 
 
+def world_updates(b: Bench) -> None:
+    """Pose and enable updates: O(1) Python per change (host mirrors, issue 9) against the
+    from-scratch snapshot rebuild every change paid before (MeshWorld._build_snapshot)."""
+    section(f"World updates on {b.device}: pose / enable change vs. the former full rebuild")
+    box_v, box_t = scenes.box((0.2, 0.2, 0.2), 0.1)
+    rows = []
+    for envs in ((1, 64) if b.quick else (1, 1024)):
+        world = MeshWorld(device=b.device, num_envs=envs, mesh_capacity=8, sign_method=SIGN,
+                          max_distance=scenes.MAX_DIST)
+        for env in range(envs):
+            for i in range(8):
+                world.add_mesh(f"m{i}", box_v, box_t, pose=(0.3 * i, 0, 0, 1, 0, 0, 0), env=env)
+        poses = [(0.1, 0.2, 0.0, 1, 0, 0, 0), (0.1, 0.25, 0.0, 1, 0, 0, 0)]
+        state = {"k": 0}
+        target_env = envs // 2
+
+        def set_pose() -> None:
+            state["k"] ^= 1
+            world.set_pose("m3", poses[state["k"]], env=target_env)
+
+        def toggle() -> None:
+            state["k"] ^= 1
+            world.set_enabled("m5", bool(state["k"]), env=target_env)
+
+        res = b.timed({"set_pose": set_pose, "set_enabled": toggle,
+                       "full rebuild (every change before issue 9)": world._build_snapshot},
+                      reps=50 if b.quick else 400, budget_s=b.budget_s / 2)
+        for name, st in res.items():
+            rows.append([f"{envs} env x 8 meshes", name, f"{1e6 * st.median:.1f} ({1e6 * st.p25:.1f}-{1e6 * st.p75:.1f})"])
+        rows.append([f"{envs} env x 8 meshes", "rebuild / set_pose",
+                     f"{res['full rebuild (every change before issue 9)'].median / res['set_pose'].median:.1f}x"])
+    emit(table(["world", "case", "median us (p25-p75)"], rows))
+    emit("set_pose/set_enabled: validation, one slot written into the host mirrors, one new tensor "
+         "for the changed array (copy-on-write; a memcpy on the CPU, one host-to-device copy on CUDA).")
+
+
+def _cuda_event_times(fn: Callable[[], object], reps: int) -> float:
+    """Median GPU time [s] between events recorded around ``fn`` on the current stream."""
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    return float(np.median(times))
+
+
+def call_overhead(b: Bench) -> None:
+    """Fixed cost of one evaluation: 1 and 5k spheres, fwd+bwd, next to a bare torch autograd
+    round trip ((s * 2).sum().backward()) on the same tensor."""
+    section(f"Per-call overhead on {b.device}: sphere_cost fwd+bwd vs. a bare torch autograd round trip")
+    world = build_world(b.meshes, b.device)
+    rows = []
+    cuda = b.device.startswith("cuda")
+    for count in (1, 5_000):
+        spheres = scenes.near_surface_spheres(b.meshes, count)
+        runner = CostRunner(world, spheres)
+        s = runner.spheres_grad
+
+        def high_level() -> None:
+            s.grad = None
+            world.sphere_cost(s, scenes.ACTIVATION, 1.0).sum().backward()
+
+        def bare() -> None:
+            s.grad = None
+            (s * 2.0).sum().backward()
+
+        cases = {"world.sphere_cost + backward": high_level, "SdfMeshWarpPy.apply + backward (preallocated)":
+                 runner.forward_backward, "bare torch autograd round trip": bare}
+        res = measure(cases, 300 if b.quick else 3000, warmup=20, sync=b.sync, budget_s=b.budget_s / 2,
+                      min_reps=50)
+        base = res["bare torch autograd round trip"].median
+        for name, st in res.items():
+            gpu = f"{1e6 * _cuda_event_times(cases[name], 200):.1f}" if cuda else "-"
+            rows.append([f"{count:,}", name, f"{1e6 * st.median:.1f} ({1e6 * st.p25:.1f}-{1e6 * st.p75:.1f})", gpu,
+                         f"{st.median / base:.2f}"])
+    emit(table(["spheres", "case", "wall us median (p25-p75)", "CUDA events us", "/ bare"], rows))
+    emit("Wall clock per call including a device sync on CUDA; 8-mesh standard scene, sign method normal.")
+
+
 def run(device: str = "cpu", quick: bool = False) -> None:
     """Print every core table."""
     b = Bench(device, quick)
-    for part in (standard_table, sphere_scaling, triangle_scaling, mppi_batch, sign_methods, swept_table,
+    for part in (world_updates, call_overhead, standard_table, sphere_scaling, triangle_scaling, mppi_batch, sign_methods, swept_table,
                  perception_free_space):
         part(b)
         emit(f"\n(load average after this table: {load_average()})")

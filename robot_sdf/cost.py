@@ -23,6 +23,8 @@ from robot_sdf.warp_primitives import (
 def _prepare_spheres(world, spheres: torch.Tensor) -> torch.Tensor:
     if spheres.dim() != 4 or spheres.shape[-1] != 4:
         raise ValueError(f"spheres must be (b, h, n, 4), got {tuple(spheres.shape)}")
+    if spheres.dtype == torch.float32 and spheres.device == world.device:
+        return spheres
     return spheres.to(device=world.device, dtype=torch.float32)
 
 
@@ -40,6 +42,28 @@ def _prepare_env_index(world, env_index, batch: int):
 
 
 def _scalars(world, activation_distance, weight, max_distance):
+    key = (world.device, activation_distance, weight, world.max_distance if max_distance is None else max_distance)
+    try:
+        cached = _scalar_sets.get(key)
+    except TypeError:  # unhashable (e.g. a tensor): validate below, uncached
+        cached = key = None
+    if cached is not None:
+        return cached
+    result = _checked_scalars(world, activation_distance, weight, max_distance)
+    if key is not None and type(key[1]) in (int, float) and type(key[2]) in (int, float) \
+            and type(key[3]) in (int, float):
+        if len(_scalar_sets) >= _MAX_CONSTANTS:
+            _scalar_sets.clear()
+        _scalar_sets[key] = result
+    return result
+
+
+# (device, activation, weight, max_distance) as given (plain numbers only) -> the three validated
+# constant tensors: one lookup per call instead of three conversions and checks.
+_scalar_sets: dict[tuple, tuple] = {}
+
+
+def _checked_scalars(world, activation_distance, weight, max_distance):
     max_d = world.max_distance if max_distance is None else float(max_distance)
     for name, value, lower in (("activation_distance", activation_distance, 0.0), ("weight", weight, None),
                                ("max_distance", max_d, 0.0)):
@@ -74,6 +98,25 @@ def _buffers(spheres: torch.Tensor):
             torch.empty((b, h, n), dtype=torch.uint8, device=dev))
 
 
+class _SphereCost(torch.autograd.Function):
+    """SdfMeshWarpPy's cost and backward for buffers this module owns, with the non-differentiable
+    arguments passed as one tuple: autograd inspects every argument of apply, so the fifteen of
+    SdfMeshWarpPy cost measurable time on a call of a few spheres."""
+
+    @staticmethod
+    def forward(ctx, spheres, call):
+        cost, grad, sparsity, rest, sign_methods = call
+        launch_sphere_cost(spheres, cost, grad, sparsity, *rest, compute_esdf=False,
+                           compute_grad=bool(ctx.needs_input_grad[0]), sign_method=sign_methods)
+        ctx.out_grad = grad  # an internal buffer, not an output: no reference cycle
+        return cost
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        # out_grad[..., 3] is zero, so the radius gets no gradient (as SdfMeshWarpPy.backward).
+        return grad_output.unsqueeze(-1) * ctx.out_grad, None
+
+
 def sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, env_index=None, max_distance=None):
     """Cost (b,h,n) of spheres (b,h,n,4) [x,y,z,r]; differentiable w.r.t. the sphere centres."""
     s = _prepare_spheres(world, spheres)
@@ -81,8 +124,8 @@ def sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, env_index=
     w, eta, max_d = _scalars(world, activation_distance, weight, max_distance)
     cost, grad, sparsity = _buffers(s)
     with world.reading() as snap:
-        return SdfMeshWarpPy.apply(s, cost, grad, sparsity, w, eta, snap.mesh_idx, snap.mesh_pose_inverse,
-                                   snap.mesh_enable, snap.n_env_mesh, max_d, env, False, False, snap.sign_methods)
+        rest = (w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d, env)
+        return _SphereCost.apply(s, (cost, grad, sparsity, rest, snap.sign_methods))
 
 
 def swept_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, sweep_steps=4, speed_dt=0.1,

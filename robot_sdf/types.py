@@ -84,6 +84,23 @@ class WorldSnapshot:
     def device(self) -> torch.device:
         return self.mesh_idx.device
 
+    def before_use(self) -> None:
+        """Call before queueing kernels that read this snapshot (on CUDA: the caller's current
+        stream waits for the BVH builds and refits it depends on; nothing on the CPU)."""
+        for keep in self._keepalive:
+            hook = getattr(keep, "before_use", None)
+            if hook is not None:
+                hook()
+
+    def after_use(self) -> None:
+        """Call after queueing kernels that read this snapshot (on CUDA: records an event on the
+        caller's current stream; the snapshot's meshes and tensors outlive that work even if the
+        snapshot is dropped at once; nothing on the CPU)."""
+        for keep in self._keepalive:
+            hook = getattr(keep, "after_use", None)
+            if hook is not None:
+                hook()
+
     @property
     def num_envs(self) -> int:
         return int(self.mesh_idx.shape[0])

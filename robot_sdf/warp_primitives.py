@@ -20,8 +20,10 @@ grad_output from per-step partials kept from forward (swept_chain_rule).
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -60,8 +62,14 @@ def init_warp() -> None:
 
 
 _loaded_devices: set[str] = set()
+_warp_devices: dict[torch.device, object] = {}
 _load_lock = threading.Lock()
-_streams: dict[tuple[int, int], wp.Stream] = {}
+# Warp views of torch streams, most recently used last. Bounded: a caller that makes a new torch
+# stream per call must not grow it without limit (a view only wraps the handle; dropping it does
+# not destroy torch's stream). Locked: service threads look streams up concurrently.
+_streams: OrderedDict[tuple[int, int], wp.Stream] = OrderedDict()
+_streams_lock = threading.Lock()
+STREAM_CACHE_SIZE = 32
 
 
 def warp_device(device: torch.device):
@@ -69,6 +77,9 @@ def warp_device(device: torch.device):
 
     Warp's module loading is not thread-safe, so it happens once per device under a lock
     (service threads of a node may make their first launches concurrently)."""
+    wdev = _warp_devices.get(device)
+    if wdev is not None:
+        return wdev
     init_warp()
     wdev = wp.device_from_torch(device)
     if wdev.alias not in _loaded_devices:
@@ -77,6 +88,7 @@ def warp_device(device: torch.device):
                 wp.load_module(kernels, device=wdev)
                 wp.load_module(mesh_analysis, device=wdev)
                 _loaded_devices.add(wdev.alias)
+    _warp_devices[device] = wdev  # only once its modules are loaded
     return wdev
 
 
@@ -84,31 +96,116 @@ def _torch_stream(device: torch.device) -> wp.Stream:
     """Warp view of torch's current stream on ``device``, cached per stream handle."""
     ts = torch.cuda.current_stream(device)
     key = (device.index or 0, int(ts.cuda_stream))
-    stream = _streams.get(key)
-    if stream is None:
+    with _streams_lock:
+        stream = _streams.get(key)
+        if stream is not None:
+            _streams.move_to_end(key)
+            return stream
         stream = wp.stream_from_torch(ts)
         _streams[key] = stream
-    return stream
+        while len(_streams) > STREAM_CACHE_SIZE:
+            _streams.popitem(last=False)
+        return stream
+
+
+class _Launches(threading.local):
+    """Recorded Warp launches (``wp.launch(..., record_cmd=True)``), one per kernel and device and
+    per thread (a Launch holds its packed arguments, so two threads must not share one).
+
+    Re-running a recorded launch with new argument descriptors skips wp.launch's per-argument
+    type dispatch and packing, most of the fixed cost of a small evaluation."""
+
+    def __init__(self) -> None:
+        self.by_kernel: dict[tuple, tuple[object, int]] = {}
+
+
+_launches = _Launches()
+
+
+class _CpuCall:
+    """A recorded CPU launch called through its kernel hook with a persistent argument struct
+    (what Warp's own replay does, minus building and filling a fresh struct on every call): only
+    the arguments that changed since the last call are written."""
+
+    def __init__(self, cmd) -> None:
+        self.cmd = cmd
+        fields = [(arg.label, type(value)) for arg, value in zip(cmd.kernel.adj.args, cmd.params[1:])]
+        self.names = [name for name, _ in fields]
+        self.struct = type("RobotSdfArgs", (ctypes.Structure,), {"_fields_": fields})()
+        self.last: list = [None] * len(fields)
+        self.hook = cmd.hooks.forward
+
+    def __call__(self, args: list) -> None:
+        struct, last, names = self.struct, self.last, self.names
+        for i, value in enumerate(args):
+            if value is not last[i]:
+                if isinstance(value, wp.array):
+                    value = value.__ctype__()
+                setattr(struct, names[i], value)
+                last[i] = value
+        self.hook(ctypes.byref(self.cmd.bounds), ctypes.byref(struct))
+
+
+def _replay(kernel, wdev, total: int, args: list, stream=None) -> None:
+    """Launch ``kernel`` over ``total`` threads with ``args`` (its whole argument list, array
+    arguments as descriptors or wp.arrays, scalars as Python numbers) through a recorded launch
+    reused across calls."""
+    key = (kernel, wdev.alias)
+    entry = _launches.by_kernel.get(key)
+    if entry is None:
+        cmd = wp.launch(kernel, dim=total, inputs=args, device=wdev, record_cmd=True)
+        if not isinstance(cmd, wp.Launch) or cmd.fwd_args is None:
+            raise RuntimeError(f"Warp did not record a reusable launch of {kernel.key}")
+        # CPU kernels without thread blocks go straight to their hook (Warp's invoke path).
+        fast = _CpuCall(cmd) if wdev.is_cpu and cmd.block_dim <= 1 and not cmd.adjoint else None
+        _launches.by_kernel[key] = [cmd, total, fast]
+        if fast is not None:
+            fast(args)
+        else:
+            cmd.launch(stream) if stream is not None else cmd.launch()
+        return
+    cmd, dim, fast = entry
+    if dim != total:
+        cmd.set_dim(total)
+        entry[1] = total
+    if fast is not None:
+        fast(args)
+        return
+    # The packed argument list: params[0] is the launch bounds, params[i + 1] argument i. Array
+    # descriptors replace their slot (and, on CUDA, its address); scalars are written in place.
+    params, addresses, recorded = cmd.params, cmd.params_addr, cmd.fwd_args
+    for i, value in enumerate(args):
+        if isinstance(value, wp.array):
+            value = value.__ctype__()
+        if isinstance(value, _array_t):
+            if params[i + 1] is not value:
+                params[i + 1] = value
+                if addresses:
+                    addresses[i + 1] = ctypes.c_void_p(ctypes.addressof(value))
+        else:
+            params[i + 1].value = value
+        recorded[i] = value
+    cmd.launch(stream) if stream is not None else cmd.launch()
 
 
 def _launch(kernel, total: int, inputs_before_range: list, outputs: list, device: torch.device) -> None:
     """Launch ``kernel`` over ``total`` threads; its arguments end with (start, total, *outputs).
 
-    On CUDA the launch goes on torch's current stream. On the CPU, Warp runs a launch serially,
-    so large launches are split into contiguous chunks launched from a thread pool (Warp releases
-    the GIL while a CPU kernel runs, so the chunks run on separate cores).
+    Array arguments are launch descriptors (_as_warp); scalars are Python ints/floats matching
+    the kernel's types. On CUDA the launch goes on torch's current stream. On the CPU, Warp runs a
+    launch serially, so large launches are split into contiguous chunks launched from a thread
+    pool (Warp releases the GIL while a CPU kernel runs, so the chunks run on separate cores).
     """
     global _cpu_pool
     if total == 0:
         return
     wdev = warp_device(device)
     if device.type == "cuda":
-        wp.launch(kernel, dim=total, inputs=[*inputs_before_range, 0, total], outputs=outputs, device=wdev,
-                  stream=_torch_stream(device))
+        _replay(kernel, wdev, total, [*inputs_before_range, 0, total, *outputs], _torch_stream(device))
         return
-    threads = min(cpu_threads(), max(1, total // _CPU_MIN_SPHERES_PER_THREAD))
+    threads = 1 if total < 2 * _CPU_MIN_SPHERES_PER_THREAD else min(cpu_threads(), total // _CPU_MIN_SPHERES_PER_THREAD)
     if threads == 1:
-        wp.launch(kernel, dim=total, inputs=[*inputs_before_range, 0, total], outputs=outputs, device=wdev)
+        _replay(kernel, wdev, total, [*inputs_before_range, 0, total, *outputs])
         return
     with _cpu_pool_lock:
         if _cpu_pool is None or _cpu_pool._max_workers < threads:
@@ -126,9 +223,60 @@ def _launch(kernel, total: int, inputs_before_range: list, outputs: list, device
         f.result()
 
 
+# Warp's launch descriptor type, taken from its public API (the class itself is not exported).
+_array_t = type(wp.from_torch(torch.zeros(1), return_ctype=True))
+
+
 def _as_warp(t: torch.Tensor, dtype=None):
-    """Launch descriptor of a contiguous tensor (the ctype form: 4-5x cheaper than a wp.array)."""
-    return wp.from_torch(t, dtype=dtype, requires_grad=False, return_ctype=True)
+    """Launch descriptor (Warp's array_t) of a tensor whose dtype already matches the kernel's.
+
+    Built directly from the pointer, shape and strides: wp.from_torch(return_ctype=True) computes
+    the same structure with several times the Python work. ``dtype`` a Warp vector type (vec3,
+    vec4): the last dimension must be its length and contiguous, and is folded into the element.
+    """
+    shape = t.shape
+    size = t.element_size()
+    strides = t.stride()
+    if dtype is not None and hasattr(dtype, "_length_"):
+        length = dtype._length_
+        if shape[-1] != length or strides[-1] != 1:
+            raise ValueError(f"cannot view a tensor of shape {tuple(shape)} and strides {strides} as {dtype.__name__}")
+        shape, strides = shape[:-1], strides[:-1]
+        if not shape:
+            shape, strides = (1,), (length,)
+    return _array_t(t.data_ptr(), 0, len(shape), shape, [x * size for x in strides])
+
+
+def _owning(t: torch.Tensor, dtype=None):
+    """Descriptor of a tensor made for this call only (a converted copy): the descriptor keeps it
+    alive until the launch has used it (a descriptor alone holds just the address)."""
+    desc = _as_warp(t, dtype)
+    desc.owner = t
+    return desc
+
+
+def _flat(t: torch.Tensor, element_bytes: int):
+    """Descriptor of a contiguous tensor as a 1-D array of elements of ``element_bytes`` bytes
+    (e.g. 16 for vec4 over (..., 4) float32): the cheapest form, for per-call buffers."""
+    return _array_t(t.data_ptr(), 0, 1, (t.numel() * t.element_size() // element_bytes,), (element_bytes,))
+
+
+# Descriptors of tensors that callers keep across calls (a snapshot's tensors, cached scalar
+# constants), keyed by the tensors' identities. Entries hold the tensors themselves, so an id is
+# never reused while its entry exists; the data pointer is compared too in case one was set_().
+_descriptor_cache: dict = {}
+_DESCRIPTOR_CACHE_SIZE = 64
+
+
+def _cached(key: tuple, tensors: tuple, build):
+    entry = _descriptor_cache.get(key)
+    if entry is not None and entry[0][0].data_ptr() == entry[1]:
+        return entry[2]
+    value = build()
+    if len(_descriptor_cache) >= _DESCRIPTOR_CACHE_SIZE:
+        _descriptor_cache.clear()
+    _descriptor_cache[key] = (tensors, tensors[0].data_ptr(), value)
+    return value
 
 
 def _scalar(t, device: torch.device) -> torch.Tensor:
@@ -137,6 +285,13 @@ def _scalar(t, device: torch.device) -> torch.Tensor:
     if t.device == device and t.dtype == torch.float32 and t.dim() == 1 and t.shape[0] >= 1:
         return t
     return t.reshape(-1)[:1].to(device=device, dtype=torch.float32)
+
+
+def _scalar_warp(t, device: torch.device):
+    """Descriptor of a (1,) float32 scalar tensor on ``device`` (cached for tensors kept by the caller)."""
+    if isinstance(t, torch.Tensor) and t.device == device and t.dtype == torch.float32 and t.dim() == 1:
+        return _cached(("scalar", id(t)), (t,), lambda: _as_warp(t))
+    return _owning(_scalar(t, device))
 
 
 def _ready(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -170,24 +325,53 @@ def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device) -
                              f"got {tuple(sign_method.shape)}")
         if sign_method.device != device:
             raise ValueError(f"sign_method tensor is on {sign_method.device}, the spheres on {device}")
-        return _SIGN_PER_SLOT, _as_warp(_ready(sign_method, device, torch.uint8))
+        ready = _ready(sign_method, device, torch.uint8)
+        if ready is sign_method:
+            return _SIGN_PER_SLOT, _cached(("sign", id(ready), id(mesh_idx)), (ready, mesh_idx),
+                                           lambda: _checked_slot_signs(ready, mesh_idx))
+        return _SIGN_PER_SLOT, _checked_slot_signs(ready, mesh_idx)
     method = SignMethod.parse(sign_method)
     if method == SignMethod.WINDING_NUMBER:
         # A host copy of the ids (a device sync on CUDA): only for this call-wide override.
-        ids = mesh_idx.detach().reshape(-1).cpu().numpy().astype(np.uint64)
-        for mesh_id in np.unique(ids[ids != 0]):
-            if _winding_support.get(int(mesh_id)) is False:
-                raise ValueError(
-                    "sign_method winding_number: a mesh of this world was built without winding-number "
-                    "support; add it with sign_method='winding_number' (or let auto choose it), or pass "
-                    "the world's per-slot snapshot().sign_methods")
+        _check_winding_support(mesh_idx.detach().reshape(-1).cpu().numpy().astype(np.uint64))
     unused = _no_slot_sign.get(device)
     if unused is None:
         unused = _no_slot_sign.setdefault(device, torch.zeros((1, 1), dtype=torch.uint8, device=device))
-    return int(method), _as_warp(unused)
+    return int(method), _cached(("no_sign", id(unused)), (unused,), lambda: _as_warp(unused))
+
+
+def _check_winding_support(ids: np.ndarray) -> None:
+    for mesh_id in np.unique(ids[ids != 0]):
+        if _winding_support.get(int(mesh_id)) is False:
+            raise ValueError(
+                "sign_method winding_number: a mesh of this world was built without winding-number "
+                "support; add it with sign_method='winding_number' (or let auto choose it), or pass "
+                "the world's per-slot snapshot().sign_methods")
+
+
+def _checked_slot_signs(signs: torch.Tensor, mesh_idx: torch.Tensor):
+    """Descriptor of a per-slot sign tensor, after refusing winding_number on any slot whose mesh
+    has no winding-number data (Warp would read memory the mesh does not have; on CUDA an illegal
+    address ends the process's CUDA context). A host copy, so callers cache the result per tensor."""
+    wanted = (signs.detach().cpu().numpy() == int(SignMethod.WINDING_NUMBER))
+    if wanted.any():
+        _check_winding_support(mesh_idx.detach().cpu().numpy().astype(np.uint64)[wanted])
+    return _owning(signs)
 
 
 def _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device) -> tuple:
+    """Validated descriptors of the world tensors; a snapshot's tensors (the same objects call after
+    call) are validated and wrapped once."""
+    if mesh_idx.device != device:
+        raise ValueError(f"mesh_idx is on {mesh_idx.device} but query_spheres on {device}: "
+                         "the world and the spheres must share a device")
+    tensors = (mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh)
+    # The entry keeps the tensors it describes (converted copies included) alive.
+    return _cached(("world", device) + tuple(map(id, tensors)), tensors,
+                   lambda: _world_descriptors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device))[0]
+
+
+def _world_descriptors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device) -> tuple:
     if mesh_idx.dim() != 2:
         raise ValueError(f"mesh_idx must be (n_env, m), got {tuple(mesh_idx.shape)}")
     n_env, m = mesh_idx.shape
@@ -201,12 +385,9 @@ def _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, d
     if mesh_idx.device != device:
         raise ValueError(f"mesh_idx is on {mesh_idx.device} but query_spheres on {device}: "
                          "the world and the spheres must share a device")
-    return (
-        _as_warp(_ready(mesh_idx, device, torch.int64)),
-        _as_warp(_ready(mesh_pose_inverse, device, torch.float32)),
-        _as_warp(_ready(mesh_enable, device, torch.uint8)),
-        _as_warp(_ready(n_env_mesh.reshape(-1), device, torch.int32)),
-    )
+    ready = (_ready(mesh_idx, device, torch.int64), _ready(mesh_pose_inverse, device, torch.float32),
+             _ready(mesh_enable, device, torch.uint8), _ready(n_env_mesh.reshape(-1), device, torch.int32))
+    return tuple(_as_warp(t) for t in ready), ready
 
 
 def _env_query(env_query_idx, batch: int, device: torch.device):
@@ -214,11 +395,11 @@ def _env_query(env_query_idx, batch: int, device: torch.device):
         unused = _no_env_query.get(device)
         if unused is None:
             unused = _no_env_query.setdefault(device, torch.zeros(1, dtype=torch.int32, device=device))
-        return _as_warp(unused), 0
+        return _cached(("no_env", id(unused)), (unused,), lambda: _as_warp(unused)), 0
     env = env_query_idx.reshape(-1)
     if env.shape[0] != batch:
         raise ValueError(f"env_query_idx must have one entry per batch row ({batch}), got {env.shape[0]}")
-    return _as_warp(_ready(env, device, torch.int32)), 1
+    return _owning(_ready(env, device, torch.int32)), 1
 
 
 class _Outputs:
@@ -229,11 +410,11 @@ class _Outputs:
         b, h, n = shape
         for name, t, want in (("out_cost", out_cost, (b, h, n)), ("out_grad", out_grad, (b, h, n, 4)),
                               ("sparsity_idx", sparsity_idx, (b, h, n))):
-            if tuple(t.shape) != want:
+            if t.shape != want:
                 raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
         if out_cost.dtype != torch.float32 or out_grad.dtype != torch.float32:
             raise ValueError("out_cost and out_grad must be float32")
-        if any(t.device != device for t in (out_cost, out_grad, sparsity_idx)):
+        if out_cost.device != device or out_grad.device != device or sparsity_idx.device != device:
             raise ValueError(f"out_cost, out_grad and sparsity_idx must be on the spheres' device {device}")
         self._targets = (out_cost, out_grad, sparsity_idx)
         self.cost = out_cost if out_cost.is_contiguous() else torch.empty_like(out_cost, memory_format=torch.contiguous_format)
@@ -242,7 +423,7 @@ class _Outputs:
         self.sparsity = sp if sp.is_contiguous() else sp.contiguous()
 
     def warp_arrays(self) -> list:
-        return [_as_warp(self.cost.view(-1)), _as_warp(self.grad.view(-1, 4), dtype=wp.vec4), _as_warp(self.sparsity.view(-1))]
+        return [_flat(self.cost, 4), _flat(self.grad, 16), _flat(self.sparsity, 1)]
 
     def finish(self) -> None:
         for target, mine in zip(self._targets, (self.cost, self.grad, self.sparsity)):
@@ -268,12 +449,14 @@ def launch_sphere_cost(
     b, h, n = _check_spheres(query_spheres)
     device = query_spheres.device
     outs = _Outputs(out_cost, out_grad, sparsity_idx, (b, h, n), device)
-    spheres = _as_warp(query_spheres.detach().contiguous().view(-1, 4), dtype=wp.vec4)
+    # Keep the contiguous tensor referenced until the launch: a descriptor holds only its address.
+    spheres_data = query_spheres.detach().contiguous()
+    spheres = _flat(spheres_data, 16)
     env_arr, use_env = _env_query(env_query_idx, b, device)
     world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
     inputs = [
-        spheres, _as_warp(_scalar(weight, device)), _as_warp(_scalar(activation_distance, device)),
-        _as_warp(_scalar(max_dist, device)), *world, env_arr, use_env, h * n,
+        spheres, _scalar_warp(weight, device), _scalar_warp(activation_distance, device),
+        _scalar_warp(max_dist, device), *world, env_arr, use_env, h * n,
         *_sign_arguments(sign_method, mesh_idx, device), int(bool(compute_esdf)), int(bool(compute_grad)),
     ]
     _launch(kernels.sphere_cost_kernel, b * h * n, inputs, outs.warp_arrays(), device)
@@ -334,7 +517,9 @@ def launch_swept_sphere_cost(
         raise ValueError(f"sweep_steps must be >= 0, got {sweep_steps}")
     device = query_spheres.device
     outs = _Outputs(out_cost, out_grad, sparsity_idx, (b, h, n), device)
-    spheres = _as_warp(query_spheres.detach().contiguous().view(-1, 4), dtype=wp.vec4)
+    # Keep the contiguous tensor referenced until the launch: a descriptor holds only its address.
+    spheres_data = query_spheres.detach().contiguous()
+    spheres = _flat(spheres_data, 16)
     env_arr, use_env = _env_query(env_query_idx, b, device)
     world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
     if out_evaluations is not None and (tuple(out_evaluations.shape) != (b, h, n) or out_evaluations.dtype != torch.int32
@@ -343,8 +528,8 @@ def launch_swept_sphere_cost(
     partials = SweptPartials(b, h, n, device) if compute_grad else SweptPartials(1, 1, 1, device)
     evaluations = out_evaluations if out_evaluations is not None else _unused_int(device)
     inputs = [
-        spheres, _as_warp(_scalar(weight, device)), _as_warp(_scalar(activation_distance, device)),
-        _as_warp(_scalar(max_dist, device)), _as_warp(_scalar(speed_dt, device)), *world, env_arr, use_env,
+        spheres, _scalar_warp(weight, device), _scalar_warp(activation_distance, device),
+        _scalar_warp(max_dist, device), _scalar_warp(speed_dt, device), *world, env_arr, use_env,
         h, n, int(sweep_steps), int(bool(enable_speed_metric)), *_sign_arguments(sign_method, mesh_idx, device),
         int(bool(compute_grad)), int(out_evaluations is not None),
     ]

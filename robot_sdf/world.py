@@ -170,26 +170,27 @@ class _ReadWriteLock:
         self._writers_waiting = 0
         self._held = threading.local()  # read depth of the calling thread
 
-    @contextmanager
-    def read(self) -> Iterator[None]:
+    def read(self) -> "_ReadHold":
+        """Context manager holding the read side (a plain class: cheaper than a generator, and
+        entered on every evaluation)."""
+        return _ReadHold(self)
+
+    def _acquire_read(self) -> None:
         depth = getattr(self._held, "depth", 0)
         if depth:
             # Re-entered by a thread that already reads: waiting for the writer would deadlock.
             self._held.depth = depth + 1
-            try:
-                yield
-            finally:
-                self._held.depth = depth
             return
         with self._cond:
             while self._writing or self._writers_waiting:
                 self._cond.wait()
             self._readers += 1
         self._held.depth = 1
-        try:
-            yield
-        finally:
-            self._held.depth = 0
+
+    def _release_read(self) -> None:
+        depth = self._held.depth
+        self._held.depth = depth - 1
+        if depth == 1:
             with self._cond:
                 self._readers -= 1
                 if self._readers == 0:
@@ -211,6 +212,145 @@ class _ReadWriteLock:
             with self._cond:
                 self._writing = False
                 self._cond.notify_all()
+
+
+class _Retention:
+    """What a snapshot keeps alive, and on CUDA for how long.
+
+    A snapshot names Warp meshes (by address) and owns small tensors that kernels read on the
+    caller's stream. On the CPU kernels have run when the launch returns; on CUDA they may still
+    be queued when the caller drops the snapshot, so ``after_use`` records an event on the
+    caller's stream and, when the snapshot is collected before that event has completed, its
+    geometries and tensors move to a graveyard that lets go of them once it has (checked on every
+    later collection and world change; never a host wait). ``ready`` is an event on Warp's stream
+    recorded at publication, after every BVH build or refit this snapshot depends on: evaluations
+    make their stream wait for it (stream-ordered, instead of a whole-device sync).
+    """
+
+    __slots__ = ("geometries", "tensors", "event", "ready", "tracker", "device")
+
+    def __init__(self, geometries: tuple, tensors: tuple, ready=None, tracker=None, device=None):
+        self.geometries = geometries
+        self.tensors = tensors
+        self.event = None
+        self.ready = ready  # None on the CPU: kernels there have run when the launch returns
+        self.tracker = tracker
+        self.device = device
+
+    def before_use(self) -> None:
+        if self.ready is not None:
+            torch.cuda.current_stream(self.device).wait_event(self.ready)
+
+    def after_use(self) -> None:
+        if self.ready is None:
+            return
+        stream = torch.cuda.current_stream(self.device)
+        event = torch.cuda.Event()
+        event.record(stream)
+        self.event = event
+        if self.tracker is not None:
+            self.tracker.note(stream, event)
+
+    def __del__(self) -> None:
+        try:
+            event = self.event
+            if event is not None and not event.query():
+                _graveyard.add(event, self.geometries, self.tensors)
+            _graveyard.purge()
+        except Exception:  # pragma: no cover - interpreter shutdown (module globals gone)
+            pass
+
+
+class _Graveyard:
+    """Geometries and tensors of collected snapshots whose last kernels may still run (CUDA)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: list[tuple] = []
+
+    def add(self, event, geometries: tuple, tensors: tuple) -> None:
+        with self._lock:
+            self._entries.append((event, geometries, tensors))
+
+    def purge(self) -> None:
+        if not self._entries:
+            return
+        with self._lock:
+            done, pending = [], []
+            for entry in self._entries:
+                (done if entry[0].query() else pending).append(entry)
+            self._entries = pending
+        del done  # geometries are freed here, outside the lock
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_graveyard = _Graveyard()
+
+
+class _StreamTracker:
+    """The last evaluation event per CUDA stream that read this world: an in-place refit makes
+    Warp's stream wait for them instead of synchronising the whole device. Bounded."""
+
+    _MAX_STREAMS = 32
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: OrderedDict[int, object] = OrderedDict()
+
+    def note(self, stream, event) -> None:
+        with self._lock:
+            key = int(stream.cuda_stream)
+            self._events[key] = event
+            self._events.move_to_end(key)
+            while len(self._events) > self._MAX_STREAMS:
+                self._events.popitem(last=False)
+
+    def make_wait(self, stream) -> None:
+        """Make ``stream`` (a torch stream) wait for every recorded evaluation."""
+        with self._lock:
+            events = list(self._events.values())
+        for event in events:
+            stream.wait_event(event)
+
+
+class _ReadHold:
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: _ReadWriteLock) -> None:
+        self._lock = lock
+
+    def __enter__(self) -> None:
+        self._lock._acquire_read()
+
+    def __exit__(self, *exc) -> None:
+        self._lock._release_read()
+
+
+class _WorldRead:
+    """``MeshWorld.reading()``: holds off refits and yields the snapshot current on entry; on CUDA
+    the caller's stream waits for that snapshot's builds on entry and an event marks the work
+    queued inside on exit (see _Retention)."""
+
+    __slots__ = ("_world", "_snapshot")
+
+    def __init__(self, world: "MeshWorld") -> None:
+        self._world = world
+
+    def __enter__(self) -> WorldSnapshot:
+        self._world._refit_lock._acquire_read()
+        snap = self._snapshot = self._world._snapshot
+        if self._world.device.type == "cuda":
+            snap.before_use()
+        return snap
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if self._world.device.type == "cuda":
+                self._snapshot.after_use()
+        finally:
+            self._world._refit_lock._release_read()
 
 
 class MeshWorld:
@@ -253,7 +393,10 @@ class MeshWorld:
         self._cache_bytes = 0
         self._capacity = int(mesh_capacity)
         self._revision = 0
-        self._snapshot = self._build_snapshot()
+        self._streams = _StreamTracker()
+        self._snapshot: WorldSnapshot | None = None
+        self._allocate_mirrors()
+        self._publish_snapshot(structural=True)
 
     # ------------------------------------------------------------------ reading
     @property
@@ -275,11 +418,9 @@ class MeshWorld:
         """
         return self._snapshot
 
-    @contextmanager
-    def reading(self) -> Iterator[WorldSnapshot]:
-        """Hold off in-place refits while evaluating against the yielded snapshot."""
-        with self._refit_lock.read():
-            yield self._snapshot
+    def reading(self) -> "_WorldRead":
+        """Context manager: hold off in-place refits while evaluating against the yielded snapshot."""
+        return _WorldRead(self)
 
     # The accessors below take the writer lock (never held across a BVH build) so that they do
     # not see a slot half way through a replacement.
@@ -349,18 +490,24 @@ class MeshWorld:
                 self._slots[env].append(_Slot(name, geo, p, bool(enabled)))
                 if len(self._slots[env]) > self._capacity:
                     self._capacity = max(self._capacity * 2, len(self._slots[env]))
+                    self._allocate_mirrors()
+                else:
+                    self._mirror_slot(env, len(self._slots[env]) - 1)
+                    self._counts[env] = len(self._slots[env])
             else:
                 old = slot.geometry
                 slot.geometry, slot.pose, slot.enabled = geo, p, bool(enabled)
                 self._release_geometry(old)
-            return self._publish()
+                self._mirror_slot(env, self._index(env, slot))
+            return self._publish(structural=True)
 
     def remove_mesh(self, name: str, env: int = 0) -> int:
         with self._write_lock:
             slot = self._require(name, env)
             self._slots[env].remove(slot)
             self._release_geometry(slot.geometry)
-            return self._publish()
+            self._mirror_env(env)  # later slots move up by one: O(mesh_capacity)
+            return self._publish(structural=True)
 
     def set_pose(self, name: str, pose, env: int = 0) -> int:
         """Move a mesh: only the inverse-pose tensor changes.
@@ -373,7 +520,8 @@ class MeshWorld:
             if np.array_equal(slot.pose, p):
                 return self._revision
             slot.pose = p
-            return self._publish()
+            self._mirror_pose(env, self._index(env, slot))
+            return self._publish(pose=True)
 
     def set_enabled(self, name: str, enabled: bool, env: int = 0) -> int:
         """Enable or disable a mesh; no change (and no new revision) if it already is."""
@@ -382,7 +530,8 @@ class MeshWorld:
             if slot.enabled == bool(enabled):
                 return self._revision
             slot.enabled = bool(enabled)
-            return self._publish()
+            self._enable[env, self._index(env, slot)] = 1 if slot.enabled else 0
+            return self._publish(enable=True)
 
     def update_vertices(self, name: str, vertices, env: int = 0, pose=None) -> int:
         """New vertex positions (V,3) with the same topology: the BVH is refit, not rebuilt.
@@ -405,10 +554,12 @@ class MeshWorld:
             key = _content_key(v, old.triangles, old.requested)
             if p is not None:
                 slot.pose = p
+            index = self._index(env, slot)
             if old.users > 1 or key in self._geometries or key in self._unused:
                 # Shared (or already cached) content: this slot gets its own geometry.
                 slot.geometry = self._acquire_geometry(key, v, old.triangles, old.requested, name=name)
                 self._release_geometry(old)
+                self._mirror_slot(env, index)
             else:
                 # Readers must not run while the BVH is half refit. The sign method stays what it
                 # was (same topology); the centre too, so older snapshots keep their translation.
@@ -419,8 +570,10 @@ class MeshWorld:
                     del self._geometries[old.key]
                     old.key = key
                     self._geometries[key] = old
-                    return self._publish()
-            return self._publish()
+                    # Only this slot uses the geometry (users == 1): its cull radius and pose.
+                    self._mirror_slot(env, index)
+                    return self._publish(pose=True)
+            return self._publish(structural=True)
 
     # ------------------------------------------------------------------ checks
     def check_env(self, env) -> None:
@@ -429,15 +582,22 @@ class MeshWorld:
             raise ValueError(f"env {env!r} out of range: this world has {self.num_envs} environment(s)")
 
     # ------------------------------------------------------------------ internals
+    def _warp_stream(self):
+        """Warp's stream on this world's device (where builds and refits run), as a torch stream."""
+        return torch.cuda.ExternalStream(wp.get_stream(warp_device(self.device)).cuda_stream, device=self.device)
+
     def _sync_device_before_write(self) -> None:
-        # Queries run on torch's current stream, builds and refits on Warp's: on CUDA, let queued
-        # queries finish before a BVH changes under them.
+        # Queries run on their callers' torch streams, builds and refits on Warp's: on CUDA, Warp's
+        # stream waits (stream-ordered, no host wait) for the evaluations queued so far before a
+        # BVH changes in place under them. Evaluations start inside reading(), which a refit
+        # excludes, so none is queued between this wait and the refit.
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            self._streams.make_wait(self._warp_stream())
 
     def _sync_device_after_write(self) -> None:
-        if self.device.type == "cuda":
-            wp.synchronize_device(warp_device(self.device))
+        # Nothing to wait for on the host: the snapshot published next records an event on Warp's
+        # stream after the build or refit, and evaluations wait for it on their own stream.
+        _graveyard.purge()
 
     @staticmethod
     def _check_name(name) -> None:
@@ -449,6 +609,12 @@ class MeshWorld:
             if slot.name == name:
                 return slot
         return None
+
+    def _index(self, env: int, slot: _Slot) -> int:
+        for i, s in enumerate(self._slots[env]):
+            if s is slot:
+                return i
+        raise KeyError(slot.name)  # pragma: no cover - slots come from _require
 
     def _require(self, name: str, env: int) -> _Slot:
         self.check_env(env)
@@ -501,12 +667,96 @@ class MeshWorld:
         with self._write_lock:
             return len(self._unused), self._cache_bytes
 
-    def _publish(self) -> int:
+    # Snapshot machinery. Host (numpy) mirrors of every snapshot array are kept up to date slot by
+    # slot under the writer lock, so a pose or enable change costs O(1) Python work plus one copy
+    # of the arrays it touches (a memcpy on the CPU, one host-to-device copy on CUDA) instead of a
+    # Python loop over all num_envs * capacity slots. Every publish hands out fresh tensors
+    # (copy-on-write): a snapshot already taken never changes; tensors a change does not touch are
+    # shared with the previous snapshot (they are never written either).
+    def _allocate_mirrors(self) -> None:
+        """(Re)create the mirrors for the current capacity and fill them from the slots: O(slots)."""
+        e, m = self.num_envs, self._capacity
+        self._ids = np.zeros((e, m), np.int64)
+        self._pose_inv = np.zeros((e, m, POSE_INVERSE_SIZE), np.float32)
+        self._enable = np.zeros((e, m), np.uint8)
+        self._methods = np.zeros((e, m), np.uint8)
+        self._counts = np.zeros(e, np.int32)
+        for env in range(e):
+            self._mirror_env(env)
+
+    def _mirror_env(self, env: int) -> None:
+        """Refill one environment's rows (after a removal shifted its slots): O(capacity)."""
+        slots = self._slots[env]
+        self._ids[env] = 0
+        self._pose_inv[env] = 0.0
+        self._pose_inv[env, :, 3] = 1.0
+        self._enable[env] = 0
+        self._methods[env] = 0
+        self._counts[env] = len(slots)
+        for i in range(len(slots)):
+            self._mirror_slot(env, i)
+
+    def _mirror_slot(self, env: int, i: int) -> None:
+        """Write slot i of env (geometry, pose, enable flag) into the mirrors."""
+        slot = self._slots[env][i]
+        # Warp ids are uint64 addresses; the int64 tensor holds the same bits.
+        self._ids[env, i] = np.uint64(slot.geometry.mesh.id).astype(np.int64)
+        self._methods[env, i] = int(slot.geometry.method)
+        self._enable[env, i] = 1 if slot.enabled else 0
+        self._mirror_pose(env, i)
+
+    def _mirror_pose(self, env: int, i: int) -> None:
+        slot = self._slots[env][i]
+        inverse = geometry.pose_inverse(slot.pose)
+        # The Warp mesh is centred on the geometry's bounding-box centre.
+        inverse[:3] -= slot.geometry.centre
+        self._pose_inv[env, i, :7] = inverse
+        self._pose_inv[env, i, 7] = slot.geometry.cull_radius
+
+    def _tensor(self, mirror: np.ndarray) -> torch.Tensor:
+        """A new tensor on the world's device holding a copy of ``mirror`` (never aliasing it)."""
+        if self.device.type == "cpu":
+            return torch.from_numpy(mirror.copy())
+        return torch.from_numpy(mirror).to(self.device)
+
+    def _publish(self, structural: bool = False, pose: bool = False, enable: bool = False) -> int:
+        """Publish the mirrors as a new snapshot; ``pose``/``enable`` name the only arrays that
+        changed, ``structural`` (geometries, slots or capacity changed) copies every array."""
         self._revision += 1
-        self._snapshot = self._build_snapshot()
+        self._publish_snapshot(structural, pose, enable)
         return self._revision
 
+    def _publish_snapshot(self, structural: bool = False, pose: bool = False, enable: bool = False) -> None:
+        prev = self._snapshot
+        ready = None
+        if self.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record(self._warp_stream())
+        if structural or prev is None:
+            # Keep every geometry a slot names alive while this view exists: exactly the
+            # geometries in use (users > 0), O(distinct geometries) rather than O(slots).
+            geometries = tuple(self._geometries.values())
+            tensors = (self._tensor(self._ids), self._tensor(self._pose_inv), self._tensor(self._enable),
+                       self._tensor(self._counts), self._tensor(self._methods))
+        else:
+            geometries = prev._keepalive[0].geometries
+            tensors = (prev.mesh_idx, self._tensor(self._pose_inv) if pose else prev.mesh_pose_inverse,
+                       self._tensor(self._enable) if enable else prev.mesh_enable, prev.n_env_mesh,
+                       prev.sign_methods)
+        self._snapshot = WorldSnapshot(
+            mesh_idx=tensors[0],
+            mesh_pose_inverse=tensors[1],
+            mesh_enable=tensors[2],
+            n_env_mesh=tensors[3],
+            revision=self._revision,
+            sign_method=self.sign_method,
+            sign_methods=tensors[4],
+            _keepalive=(_Retention(geometries, tensors, ready, self._streams, self.device),),
+        )
+
     def _build_snapshot(self) -> WorldSnapshot:
+        """The snapshot rebuilt from the slots alone, without the mirrors: O(slots) Python. The
+        reference the incremental path is tested against (world_test.py)."""
         e, m = self.num_envs, self._capacity
         ids = np.zeros((e, m), np.int64)
         pose_inv = np.zeros((e, m, POSE_INVERSE_SIZE), np.float32)
@@ -518,10 +768,8 @@ class MeshWorld:
         for env, slots in enumerate(self._slots):
             counts[env] = len(slots)
             for i, slot in enumerate(slots):
-                # Warp ids are uint64 addresses; the int64 tensor holds the same bits.
                 ids[env, i] = np.uint64(slot.geometry.mesh.id).astype(np.int64)
                 inverse = geometry.pose_inverse(slot.pose)
-                # The Warp mesh is centred on the geometry's bounding-box centre.
                 inverse[:3] -= slot.geometry.centre
                 pose_inv[env, i, :7] = inverse
                 pose_inv[env, i, 7] = slot.geometry.cull_radius

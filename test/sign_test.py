@@ -191,6 +191,12 @@ def test_per_slot_methods_and_refused_winding_number(device):
             one, None, False, False)
     with pytest.raises(ValueError, match="winding-number support"):
         SdfMeshWarpPy.apply(*args, "winding_number")
+    # So would a per-slot tensor that asks winding_number of the box's slot (checked once per tensor).
+    forged = snap.sign_methods.clone()
+    forged[0, 0] = int(SignMethod.WINDING_NUMBER)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="winding-number support"):
+            SdfMeshWarpPy.apply(*args, forged)
     # The per-slot tensor, a scalar "auto" (each mesh's own method) and "normal" all work.
     for sign in (snap.sign_methods, "auto", "normal"):
         c = SdfMeshWarpPy.apply(*args, sign)

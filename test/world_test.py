@@ -498,3 +498,108 @@ def test_repeated_pose_or_enable_is_not_a_new_revision():
     assert world.set_enabled("a", False) == 3
     assert world.set_enabled("a", False) == 3
     np.testing.assert_array_equal(world_cost(world), 0.0)
+
+
+def _snapshot_arrays(snap) -> dict:
+    return {name: getattr(snap, name).detach().cpu().numpy().copy()
+            for name in ("mesh_idx", "mesh_pose_inverse", "mesh_enable", "n_env_mesh", "sign_methods")}
+
+
+def test_incremental_snapshots_equal_a_rebuild_and_never_change(device):
+    """Random add/remove/set_pose/set_enabled/update_vertices across environments: after every
+    change the incrementally published snapshot equals a from-scratch rebuild, and the poses,
+    enable flags and counts equal what this test tracks itself; snapshots taken earlier keep
+    exactly the values they had when taken (copy-on-write)."""
+    rng = np.random.default_rng(9)
+    num_envs = 3
+    world = MeshWorld(device=device, num_envs=num_envs, mesh_capacity=2, max_distance=MAX_DIST,
+                      sign_method="normal")
+    shapes = [ref.box((0.2, 0.3, 0.1)), ref.box((0.1, 0.1, 0.4)), (SPH_V, SPH_T)]
+    tracked: list[dict] = [{} for _ in range(num_envs)]  # env -> name -> [pose, enabled, vertices]
+    taken = []
+    for step in range(120):
+        env = int(rng.integers(num_envs))
+        names = list(tracked[env])
+        op = rng.choice(["add", "add", "remove", "pose", "pose", "pose", "enable", "vertices"])
+        pose = np.concatenate([rng.uniform(-0.5, 0.5, 3), ref.random_quaternion(rng)])
+        if op == "add" or not names:
+            name = f"m{int(rng.integers(6))}"
+            v, t = shapes[int(rng.integers(len(shapes)))]
+            v = v + rng.uniform(-0.3, 0.3, 3)  # world-coordinate-like vertices: a non-zero centre
+            enabled = bool(rng.integers(2))
+            world.add_mesh(name, v, t, pose, env=env, enabled=enabled)
+            tracked[env][name] = [pose, enabled, v]
+        else:
+            name = names[int(rng.integers(len(names)))]
+            if op == "remove":
+                world.remove_mesh(name, env)
+                del tracked[env][name]
+            elif op == "pose":
+                world.set_pose(name, pose, env)
+                tracked[env][name][0] = pose
+            elif op == "enable":
+                flag = not tracked[env][name][1]
+                world.set_enabled(name, flag, env)
+                tracked[env][name][1] = flag
+            else:
+                v = tracked[env][name][2] * rng.uniform(0.8, 1.2)
+                world.update_vertices(name, v, env, pose=pose)
+                tracked[env][name][0] = pose
+                tracked[env][name][2] = v
+        snap = world.snapshot()
+        got = _snapshot_arrays(snap)
+        want = _snapshot_arrays(world._build_snapshot())
+        for key in got:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=f"step {step} {op}: {key}")
+        for e in range(num_envs):
+            names = world.mesh_names(e)
+            assert sorted(names) == sorted(tracked[e]) and got["n_env_mesh"][e] == len(names)
+            for i, name in enumerate(names):
+                pose_e, enabled_e, _ = tracked[e][name]
+                centre = np.array(world.mesh_info(name, e)["bounding_centre"])
+                inverse = ref.pose_inverse(pose_e)
+                np.testing.assert_allclose(got["mesh_pose_inverse"][e, i, :3], inverse[:3] - centre, atol=2e-6)
+                np.testing.assert_allclose(got["mesh_pose_inverse"][e, i, 3:7], inverse[3:7], atol=1e-6)
+                assert got["mesh_enable"][e, i] == int(enabled_e)
+        if step % 7 == 0:
+            taken.append((snap, got))
+    assert len({id(s.mesh_pose_inverse) for s, _ in taken}) == len(taken)
+    for snap, values in taken:
+        now = _snapshot_arrays(snap)
+        for key in values:
+            np.testing.assert_array_equal(now[key], values[key], err_msg=f"revision {snap.revision}: {key}")
+
+
+def test_pose_update_does_not_alias_earlier_snapshot_tensors(device):
+    world = MeshWorld(device=device, num_envs=4, mesh_capacity=2, max_distance=MAX_DIST, sign_method="normal")
+    world.add_mesh("a", BOX_V, BOX_T, POSE_A, env=2)
+    before = world.snapshot()
+    kept = before.mesh_pose_inverse.clone()
+    world.set_pose("a", POSE_B, env=2)
+    world.set_enabled("a", False, env=2)
+    after = world.snapshot()
+    assert torch.equal(before.mesh_pose_inverse, kept)
+    assert before.mesh_enable[2, 0] == 1 and after.mesh_enable[2, 0] == 0
+    assert after.mesh_pose_inverse.data_ptr() != before.mesh_pose_inverse.data_ptr()
+    np.testing.assert_allclose(after.mesh_pose_inverse[2, 0, 3:7].cpu().numpy(), ref.pose_inverse(POSE_B)[3:7],
+                               atol=1e-6)
+
+
+def test_converted_arguments_stay_valid_through_the_launch(device):
+    """Python-number scalars, an int64 env index and strided spheres are converted per call; the
+    converted copies must live until the kernel has read them (a descriptor holds only an address)."""
+    world = MeshWorld(device=device, num_envs=2, mesh_capacity=2, max_distance=MAX_DIST, sign_method="normal")
+    world.add_mesh("a", BOX_V, BOX_T, POSE_A, env=1)
+    snap = world.snapshot()
+    wide = torch.zeros((1, 1, SPHERES.shape[2], 8), dtype=torch.float32, device=device)
+    wide[..., ::2] = torch.tensor(SPHERES, dtype=torch.float32, device=device)
+    s = wide[..., ::2]  # not contiguous
+    assert not s.is_contiguous()
+    expected = ref_cost([ref.RefMesh(BOX_V, BOX_T, POSE_A)]) * 2.0
+    for _ in range(3):
+        outs = (torch.empty(s.shape[:-1], device=device), torch.empty(s.shape[:-1] + (4,), device=device),
+                torch.empty(s.shape[:-1], dtype=torch.uint8, device=device))
+        cost = SdfMeshWarpPy.apply(s, *outs, 2.0, ETA, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable,
+                                   snap.n_env_mesh, MAX_DIST, torch.ones(1, dtype=torch.int64, device=device),
+                                   False, False, snap.sign_methods.to(torch.int64))
+        np.testing.assert_allclose(cost.cpu().double().numpy(), expected, atol=2 * ATOL, rtol=1e-4)
