@@ -64,7 +64,7 @@ from std_msgs.msg import Header
 from visualization_msgs.msg import MarkerArray
 
 from robot_sdf import MeshWorld
-from robot_sdf.memory import TrimScheduler
+from robot_sdf.memory import TrimScheduler, limit_malloc_arenas
 from robot_sdf.state import SCENE_FILE, StateSaver, WorldStore, restore_world
 from robot_sdf.requests import CostResult, RequestError, RequestSettings, RequestTranslator  # noqa: F401
 from robot_sdf.ros import conversions as conv
@@ -93,6 +93,8 @@ _UPDATE_WORKER_NICE = 0
 # (two clients at 50 Hz, mesh updates at 30 Hz, poses at 50 Hz) 1 ms gave publish -> applied
 # p99 229/182 ms against 443/354 ms at 5 ms (docs/reliability.md).
 GIL_SWITCH_INTERVAL_S = 0.001
+# glibc malloc arenas of the node's process (see use_node_switch_interval).
+NODE_MALLOC_ARENAS = 2
 # Update stamps kept per (env, id) (for skipping replays) before those of removed ids are pruned.
 _MAX_STAMPS = 100_000
 MESH_QOS = conv.MESH_OBSTACLE_QOS
@@ -875,8 +877,11 @@ class SdfServer(Node):
 
 
 def use_node_switch_interval() -> None:
-    """Set the interpreter's GIL switch interval to GIL_SWITCH_INTERVAL_S (process-wide; the
-    console scripts call it, a process embedding the node decides for itself)."""
+    """Set the interpreter's GIL switch interval to GIL_SWITCH_INTERVAL_S and limit glibc to
+    NODE_MALLOC_ARENAS arenas (process-wide, before any thread starts; the console scripts call
+    it, a process embedding the node decides for itself). The faster thread interleaving made
+    glibc spread the heap over more arenas, which kept memory after REMOVEs (robot_sdf.memory)."""
+    limit_malloc_arenas(NODE_MALLOC_ARENAS)
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
 
