@@ -51,9 +51,47 @@ FLAT_RATIO = 1e-6  # 2 * area / longest edge^2 (= height / longest edge) of a fl
 def weld(vertices: np.ndarray) -> np.ndarray:
     """(V,) index of the first vertex at the same exact position: soups (STL) share no indices,
     but their corners do share bit-identical coordinates."""
-    _, first, inverse = np.unique(np.ascontiguousarray(vertices, np.float32), axis=0, return_index=True,
-                                  return_inverse=True)
-    return first[inverse.reshape(-1)].astype(np.int64)
+    # Rows compared by their float32 bits (+0.0 folds -0.0 into 0.0, as a float comparison
+    # would). A stable lexsort instead of np.unique(axis=0): that one sorts a structured dtype
+    # while holding the GIL (1.8 s for 500k vertices), which stalls the node's query threads.
+    bits = (np.ascontiguousarray(vertices, np.float32).reshape(-1, 3) + np.float32(0.0)).view(np.uint32)
+    n = bits.shape[0]
+    if n == 0:
+        return np.zeros(0, np.int64)
+    order = np.lexsort((bits[:, 2], bits[:, 1], bits[:, 0]))
+    rows = bits[order]
+    starts = np.empty(n, bool)
+    starts[0] = True
+    starts[1:] = np.any(rows[1:] != rows[:-1], axis=1)
+    group = np.cumsum(starts.astype(np.int64)) - 1
+    out = np.empty(n, np.int64)
+    out[order] = order[starts][group]  # stable sort: the group's first entry is its lowest index
+    return out
+
+
+def _unique(x: np.ndarray, return_index: bool = False, return_inverse: bool = False,
+            return_counts: bool = False):
+    """np.unique of a 1-D integer array (sorted values, first indices, inverse, counts) built
+    from operations that release the GIL: numpy's own hash-table path and its cumulative sum
+    of a bool mask hold it for hundreds of ms on million-element arrays, stalling queries
+    answered meanwhile by other threads of the node."""
+    x = np.asarray(x).reshape(-1)
+    perm = np.argsort(x, kind="stable")
+    aux = x[perm]
+    starts = np.empty(aux.shape[0], bool)
+    starts[:1] = True
+    starts[1:] = aux[1:] != aux[:-1]
+    out = [aux[starts]]
+    if return_index:
+        out.append(perm[starts])
+    if return_inverse:
+        inverse = np.empty(x.shape[0], np.int64)
+        inverse[perm] = np.cumsum(starts.astype(np.int64)) - 1
+        out.append(inverse)
+    if return_counts:
+        begin = np.flatnonzero(starts)
+        out.append(np.diff(np.append(begin, aux.shape[0])))
+    return out[0] if len(out) == 1 else tuple(out)
 
 
 def _face_normals(v64: np.ndarray, tri: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -107,8 +145,10 @@ def pseudo_normals(vertices: np.ndarray, triangles: np.ndarray, welded: np.ndarr
     vertex_normals = _normalise_rows(vertex_sum)[w]
 
     keys = _edge_keys(wt, v64.shape[0]).reshape(-1)
-    unique, inverse = np.unique(keys, return_inverse=True)
-    edge_sum = _scatter_add(inverse.reshape(-1), np.repeat(n_face, 3, axis=0), unique.shape[0])
+    unique, inverse = _unique(keys, return_inverse=True)
+    # broadcast + copy, not np.repeat (which holds the GIL)
+    per_corner = np.broadcast_to(n_face[:, None, :], (n_face.shape[0], 3, 3)).reshape(-1, 3)
+    edge_sum = _scatter_add(inverse, per_corner, unique.shape[0])
     edge_normals = _normalise_rows(edge_sum)[inverse.reshape(-1)].reshape(-1, 3, 3)
     return vertex_normals, edge_normals
 
@@ -123,9 +163,9 @@ def balanced_edges(triangles: np.ndarray, welded: np.ndarray) -> bool:
     a, b = a[keep], b[keep]
     key = np.minimum(a, b) * n + np.maximum(a, b)
     direction = np.where(a < b, 1, -1)
-    uniq, inverse = np.unique(key, return_inverse=True)
-    balance = np.zeros(uniq.shape[0], np.int64)
-    np.add.at(balance, inverse.reshape(-1), direction)
+    uniq, inverse = _unique(key, return_inverse=True)
+    # bincount, not np.add.at (which holds the GIL); sums of +-1 are exact in float64
+    balance = np.bincount(inverse, weights=direction.astype(np.float64), minlength=uniq.shape[0])
     return bool(np.all(balance == 0))
 
 
@@ -191,6 +231,17 @@ class MeshClass:
                 "volume": self.volume, "classify_seconds": self.seconds}
 
 
+_GIL_CHUNK = 1 << 16
+
+
+def _scatter_min(target: np.ndarray, index: np.ndarray, values: np.ndarray) -> None:
+    """target[index] = min(target[index], values), repeated indices included (np.minimum.at in
+    chunks: ufunc.at holds the GIL for its whole run, ~100 ms per million elements, while the
+    Python loop between chunks lets the node's query threads in)."""
+    for start in range(0, index.shape[0], _GIL_CHUNK):
+        np.minimum.at(target, index[start:start + _GIL_CHUNK], values[start:start + _GIL_CHUNK])
+
+
 def _components(n_vertices: int, edges: np.ndarray) -> np.ndarray:
     """Connected-component label per vertex (union-find by repeated min-label propagation with
     pointer jumping, vectorised)."""
@@ -202,8 +253,8 @@ def _components(n_vertices: int, edges: np.ndarray) -> np.ndarray:
         lu, lv = label[u], label[v]
         m = np.minimum(lu, lv)
         before = label.copy()
-        np.minimum.at(label, lu, m)
-        np.minimum.at(label, lv, m)
+        _scatter_min(label, lu, m)
+        _scatter_min(label, lv, m)
         # Pointer jumping: follow labels to their roots.
         while True:
             jumped = label[label]
@@ -281,7 +332,7 @@ def count_self_intersections(mesh: wp.Mesh, vertices: np.ndarray, triangles: np.
     ok = (wt[:, 0] != wt[:, 1]) & (wt[:, 1] != wt[:, 2]) & (wt[:, 2] != wt[:, 0])
     keys = _edge_keys(wt[ok], welded.shape[0]).reshape(-1)
     ends = np.stack([tri[ok], np.roll(tri[ok], -1, axis=1)], axis=-1).reshape(-1, 2)
-    _, first = np.unique(keys, return_index=True)
+    _, first = _unique(keys, return_index=True)
     ends = ends[first]
     edges = np.concatenate([ends, welded[ends]], axis=1).astype(np.int32)
     if edges.shape[0] == 0:
@@ -324,15 +375,15 @@ def classify(vertices: np.ndarray, triangles: np.ndarray, welded: np.ndarray | N
     directed = np.stack([good, np.roll(good, -1, axis=1)], axis=-1).reshape(-1, 2)
     forward = directed[:, 0] * n + directed[:, 1]
     backward = directed[:, 1] * n + directed[:, 0]
-    _, directed_counts = np.unique(forward, return_counts=True)
-    undirected, undirected_counts = np.unique(np.minimum(forward, backward), return_counts=True)
+    _, directed_counts = _unique(forward, return_counts=True)
+    undirected, undirected_counts = _unique(np.minimum(forward, backward), return_counts=True)
     # Closed: every edge has exactly two triangles; consistently oriented: they use it in
     # opposite directions (then no directed edge appears twice).
     closed = bool(undirected_counts.size and np.all(undirected_counts == 2))
     oriented = closed and bool(np.all(directed_counts == 1))
-    used = np.unique(good)
+    used = _unique(good)
     labels = _components(int(n), np.stack([undirected // n, undirected % n], axis=1))
-    shells = int(np.unique(labels[used]).shape[0]) if used.size else 0
+    shells = int(_unique(labels[used]).shape[0]) if used.size else 0
     a, b, c = v64[tri[:, 0]], v64[tri[:, 1]], v64[tri[:, 2]]
     centre = v64.mean(axis=0)
     volume = float(np.einsum("ij,ij->i", a - centre, np.cross(b - centre, c - centre)).sum() / 6.0)

@@ -109,19 +109,24 @@ class _Geometry:
     def _centred(self, vertices: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(vertices.astype(np.float64) - self.centre, dtype=np.float32)
 
-    def refit(self, vertices: np.ndarray) -> None:
-        """New vertex positions, same topology: refit the BVH about the same centre (so a snapshot
-        taken before stays consistent) and recompute the sign data."""
+    def prepare_refit(self, vertices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The numpy part of a refit (centred float32 points (V,3), sign data), computed while
+        queries still run: only ``refit`` needs them held off."""
         centred = self._centred(vertices)
+        return centred, mesh_analysis.sign_data(centred, self.triangles, self.winding_number, self.method,
+                                                self.welded)
+
+    def refit(self, vertices: np.ndarray, prepared: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """New vertex positions, same topology: refit the BVH about the same centre (so a snapshot
+        taken before stays consistent) and recompute the sign data (``prepared``: the result of
+        prepare_refit(vertices), if already computed)."""
+        centred, data = prepared if prepared is not None else self.prepare_refit(vertices)
         self.points.assign(wp.array(centred, dtype=wp.vec3, device=self.points.device))
         self.mesh.refit()
-        self.velocities.assign(wp.array(
-            mesh_analysis.sign_data(centred, self.triangles, self.winding_number, self.method, self.welded),
-            dtype=wp.vec3, device=self.velocities.device))
+        self.velocities.assign(wp.array(data, dtype=wp.vec3, device=self.velocities.device))
         self.vertices = np.array(vertices, dtype=np.float32, copy=True)
         self.vertices.setflags(write=False)
         self.radius = geometry.bounding_radius(centred)
-        data = self.velocities.numpy()
         self.cull_radius = max(self.radius, float(data[-2, 0]) if data[-2, 1] == 0.0 else 0.0)
 
     def info(self) -> dict:
@@ -563,9 +568,11 @@ class MeshWorld:
             else:
                 # Readers must not run while the BVH is half refit. The sign method stays what it
                 # was (same topology); the centre too, so older snapshots keep their translation.
+                # The numpy work comes first, so queries are held off only for the refit itself.
+                prepared = old.prepare_refit(v)
                 with self._refit_lock.write():
                     self._sync_device_before_write()
-                    old.refit(v)
+                    old.refit(v, prepared)
                     self._sync_device_after_write()
                     del self._geometries[old.key]
                     old.key = key

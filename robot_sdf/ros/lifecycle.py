@@ -26,7 +26,7 @@ from rclpy.lifecycle import LifecycleNodeMixin, LifecycleState, TransitionCallba
 from rclpy.node import Node
 
 from robot_sdf.ros.parameters import ConfigError
-from robot_sdf.ros.sdf_server import NODE_NAME, SdfServer
+from robot_sdf.ros.sdf_server import NODE_NAME, SdfServer, use_node_switch_interval
 
 
 class ManagedSdfServer(LifecycleNodeMixin, SdfServer):
@@ -82,6 +82,7 @@ def main(args: list[str] | None = None) -> int:
 
     Exit code 2 when a parameter has the wrong type (other errors fail the configure transition).
     """
+    use_node_switch_interval()
     rclpy.init(args=args)
     node: ManagedSdfServer | None = None
     executor: MultiThreadedExecutor | None = None

@@ -46,11 +46,16 @@ from typing import Any, Callable
 
 import numpy as np
 import rclpy
+try:  # the C entry point RcutilsLogger.log ends in (see SdfServer._log_applied)
+    from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy_impl
+except ImportError:  # pragma: no cover - other rclpy layouts: the ordinary logger is used
+    _rclpy_impl = None
 import torch
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from geometry_msgs.msg import PoseStamped
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.logging import LoggingSeverity
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rcl_interfaces.msg import SetParametersResult
@@ -59,7 +64,7 @@ from std_msgs.msg import Header
 from visualization_msgs.msg import MarkerArray
 
 from robot_sdf import MeshWorld
-from robot_sdf.memory import TrimScheduler
+from robot_sdf.memory import TrimScheduler, limit_malloc_arenas
 from robot_sdf.state import SCENE_FILE, StateSaver, WorldStore, restore_world
 from robot_sdf.requests import CostResult, RequestError, RequestSettings, RequestTranslator  # noqa: F401
 from robot_sdf.ros import conversions as conv
@@ -82,6 +87,14 @@ _TRIM_AFTER_FLOATS = 4_000_000
 # Nice value added to the update worker thread (Linux). 0: measured under the soak load, +10
 # made publish -> applied p99 worse (1.35 s against 0.37 s) without helping queries.
 _UPDATE_WORKER_NICE = 0
+# GIL switch interval of the node's process [s] (Python's default: 0.005). The update worker, the
+# service threads and the middleware's Python callbacks share one GIL; a thread waiting for it
+# waits up to this long behind a thread running Python code, at every wait. Under the soak
+# (two clients at 50 Hz, mesh updates at 30 Hz, poses at 50 Hz) 1 ms gave publish -> applied
+# p99 229/182 ms against 443/354 ms at 5 ms (docs/reliability.md).
+GIL_SWITCH_INTERVAL_S = 0.001
+# glibc malloc arenas of the node's process (see use_node_switch_interval).
+NODE_MALLOC_ARENAS = 2
 # Update stamps kept per (env, id) (for skipping replays) before those of removed ids are pruned.
 _MAX_STAMPS = 100_000
 MESH_QOS = conv.MESH_OBSTACLE_QOS
@@ -597,10 +610,25 @@ class SdfServer(Node):
             self._reject(what, f"internal error {type(exc).__name__}: {exc}", internal=True)
         else:
             if done:
-                self.get_logger().info(f"{what}: {done}")
+                self._log_applied(f"{what}: {done}")
             self._state_changed()
             return True
         return False
+
+    def _log_applied(self, line: str) -> None:
+        """INFO line for an applied update, without rclpy's per-call caller lookup.
+
+        RcutilsLogger.log resolves its caller with inspect.getframeinfo on every call (reading
+        and stat-ing source files): profiled under the soak, that was ~20 % of the update worker's
+        time, holding the GIL. The caller here is fixed, so it is passed once; rclpy versions
+        without that entry point get the ordinary logger."""
+        logger = self.get_logger()
+        try:
+            if logger.is_enabled_for(LoggingSeverity.INFO):
+                _rclpy_impl.rclpy_logging_rcutils_log(LoggingSeverity.INFO, logger.name, line,
+                                                      "_log_applied", __file__, _LOG_APPLIED_LINE)
+        except AttributeError:
+            logger.info(line)
 
     def _pose_in_world(self, header: Header, pose) -> np.ndarray:
         """Pose (7,) of a message given in header.frame_id at header.stamp, in world_frame.
@@ -848,11 +876,25 @@ class SdfServer(Node):
             return self._request_seq, self._last_request
 
 
+def use_node_switch_interval() -> None:
+    """Set the interpreter's GIL switch interval to GIL_SWITCH_INTERVAL_S and limit glibc to
+    NODE_MALLOC_ARENAS arenas (process-wide, before any thread starts; the console scripts call
+    it, a process embedding the node decides for itself). The faster thread interleaving made
+    glibc spread the heap over more arenas, which kept memory after REMOVEs (robot_sdf.memory)."""
+    limit_malloc_arenas(NODE_MALLOC_ARENAS)
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+
+
+# The line reported as the caller of applied-update log lines (see SdfServer._log_applied).
+_LOG_APPLIED_LINE = SdfServer._log_applied.__code__.co_firstlineno
+
+
 def main(args: list[str] | None = None) -> int:
     """Console script ``sdf_server``: run the node until shutdown (SIGINT: exit code 0).
 
     Exit code 2 when the parameters or the scene file are invalid.
     """
+    use_node_switch_interval()
     rclpy.init(args=args)
     node: SdfServer | None = None
     executor: MultiThreadedExecutor | None = None
