@@ -20,13 +20,11 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import rclpy
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.lifecycle import LifecycleNodeMixin, LifecycleState, TransitionCallbackReturn
 from rclpy.node import Node
 
 from robot_sdf.ros.parameters import ConfigError
-from robot_sdf.ros.sdf_server import NODE_NAME, SdfServer, use_node_switch_interval
+from robot_sdf.ros.sdf_server import NODE_NAME, SdfServer, run_node
 
 
 class ManagedSdfServer(LifecycleNodeMixin, SdfServer):
@@ -82,27 +80,7 @@ def main(args: list[str] | None = None) -> int:
 
     Exit code 2 when a parameter has the wrong type (other errors fail the configure transition).
     """
-    use_node_switch_interval()
-    rclpy.init(args=args)
-    node: ManagedSdfServer | None = None
-    executor: MultiThreadedExecutor | None = None
-    try:
-        node = ManagedSdfServer()
-        executor = MultiThreadedExecutor(num_threads=4)
-        executor.add_node(node)
-        executor.spin()
-    except ConfigError as exc:
-        rclpy.logging.get_logger(NODE_NAME).error(f"invalid configuration: {exc}")
-        return 2
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        if executor is not None:
-            executor.shutdown()
-        if node is not None:
-            node.destroy_node()
-        rclpy.try_shutdown()
-    return 0
+    return run_node(ManagedSdfServer, args)
 
 
 if __name__ == "__main__":

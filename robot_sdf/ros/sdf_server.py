@@ -889,17 +889,18 @@ def use_node_switch_interval() -> None:
 _LOG_APPLIED_LINE = SdfServer._log_applied.__code__.co_firstlineno
 
 
-def main(args: list[str] | None = None) -> int:
-    """Console script ``sdf_server``: run the node until shutdown (SIGINT: exit code 0).
+def run_node(node_class: type[Node], args: list[str] | None = None) -> int:
+    """Run ``node_class()`` on a multi-threaded executor until shutdown (SIGINT: exit code 0).
 
-    Exit code 2 when the parameters or the scene file are invalid.
+    Exit code 2 when its constructor raises ConfigError (invalid parameters or scene file).
+    Shared by the ``sdf_server`` and ``sdf_server_managed`` console scripts.
     """
     use_node_switch_interval()
     rclpy.init(args=args)
-    node: SdfServer | None = None
+    node: Node | None = None
     executor: MultiThreadedExecutor | None = None
     try:
-        node = SdfServer()
+        node = node_class()
         executor = MultiThreadedExecutor(num_threads=4)
         executor.add_node(node)
         executor.spin()
@@ -915,6 +916,14 @@ def main(args: list[str] | None = None) -> int:
             node.destroy_node()
         rclpy.try_shutdown()
     return 0
+
+
+def main(args: list[str] | None = None) -> int:
+    """Console script ``sdf_server``: run the node until shutdown (SIGINT: exit code 0).
+
+    Exit code 2 when the parameters or the scene file are invalid.
+    """
+    return run_node(SdfServer, args)
 
 
 if __name__ == "__main__":
