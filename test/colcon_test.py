@@ -122,20 +122,12 @@ def test_installed_sdf_server_runs_the_shipped_demo_config(workspace, tmp_path):
         rh.wait_for_services(node, [client])
         # wall_north of config/demo_world.yaml: box 6.6 x 0.2 x 0.5 at (0, 1.9, 0.25)
         points = np.array([[-2.5, 1.6, 0.25], [-2.5, 1.75, 0.3], [-2.5, 1.9, 0.25]], dtype=np.float32)
-        request = QuerySignedDistance.Request(max_distance=1.0)
-        request.points = rh_float32(points)
-        response = harness.call(client, request)
-        assert response.success, response.message
+        distance, _ = harness.signed_distance(client, points)
         expected = rh.box_signed_distance(points, (6.6, 0.2, 0.5), (0.0, 1.9, 0.25, 1.0, 0.0, 0.0, 0.0))
-        np.testing.assert_allclose(np.frombuffer(response.distance, np.float32), expected, atol=2e-3)
+        np.testing.assert_allclose(distance, expected, atol=2e-3)
     finally:
         if harness is not None:
             harness.close()
         code = node.stop()
     assert code == 0, node.log()
 
-
-def rh_float32(a: np.ndarray):
-    from robot_sdf.ros.conversions import float32_array
-
-    return float32_array(a.reshape(-1))

@@ -16,7 +16,7 @@ from lifecycle_msgs.srv import ChangeState, GetState
 
 import reference as ref
 import ros_helpers as rh
-from robot_sdf.ros.conversions import float32_array, make_mesh_obstacle
+from robot_sdf.ros.conversions import make_mesh_obstacle
 from robot_sdf_interfaces.msg import MeshObstacle
 from robot_sdf_interfaces.srv import QuerySignedDistance
 
@@ -53,11 +53,7 @@ class Managed:
         return self.query(points)[0]
 
     def query(self, points) -> tuple[np.ndarray, int]:
-        req = QuerySignedDistance.Request(max_distance=1.0)
-        req.points = float32_array(np.asarray(points, np.float32).reshape(-1))
-        resp = self.harness.call(self.sd, req)
-        assert resp.success, resp.message
-        return np.frombuffer(resp.distance, np.float32).copy(), resp.world_revision
+        return self.harness.signed_distance(self.sd, points)
 
     def close(self) -> int:
         self.harness.close()

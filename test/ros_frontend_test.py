@@ -82,11 +82,7 @@ class Frontend:
             raise
 
     def distance(self, points) -> tuple[np.ndarray, int]:
-        req = QuerySignedDistance.Request(max_distance=1.0)
-        req.points = float32_array(np.asarray(points, np.float32).reshape(-1))
-        resp = self.harness.call(self.sd, req)
-        assert resp.success, resp.message
-        return np.frombuffer(resp.distance, np.float32).copy(), resp.world_revision
+        return self.harness.signed_distance(self.sd, points)
 
     def revision(self) -> int:
         return self.distance([[100.0, 100.0, 100.0]])[1]

@@ -130,6 +130,18 @@ class RosHarness:
             raise AssertionError(f"{client.service_name}: no response within {timeout} s")
         return future.result()
 
+    def signed_distance(self, client, points, max_distance: float = 1.0) -> tuple[np.ndarray, int]:
+        """query_signed_distance of world points (n,3) through ``client``: (distance (n,), world
+        revision); asserts success."""
+        from robot_sdf.ros.conversions import float32_array
+        from robot_sdf_interfaces.srv import QuerySignedDistance
+
+        request = QuerySignedDistance.Request(max_distance=float(max_distance))
+        request.points = float32_array(np.asarray(points, np.float32).reshape(-1))
+        response = self.call(client, request)
+        assert response.success, response.message
+        return np.frombuffer(response.distance, np.float32).copy(), response.world_revision
+
     def close(self) -> None:
         self.executor.shutdown(timeout_sec=2.0)
         self.node.destroy_node()
