@@ -125,25 +125,80 @@ _launches = _Launches()
 class _CpuCall:
     """A recorded CPU launch called through its kernel hook with a persistent argument struct
     (what Warp's own replay does, minus building and filling a fresh struct on every call): only
-    the arguments that changed since the last call are written."""
+    the arguments that changed since the last call are written.
+
+    Two ways to fill it: ``__call__(args)`` with the whole argument list (descriptors, wp.arrays,
+    numbers), or, for the per-call fast path, ``set_constants`` (a tuple of values reused across
+    calls, written only when a different tuple comes), ``set_flat`` (a contiguous tensor written
+    straight into the 1-D array argument's fields, no descriptor object) and ``set_value``, then
+    ``run()``."""
 
     def __init__(self, cmd) -> None:
         self.cmd = cmd
         fields = [(arg.label, type(value)) for arg, value in zip(cmd.kernel.adj.args, cmd.params[1:])]
         self.names = [name for name, _ in fields]
         self.struct = type("RobotSdfArgs", (ctypes.Structure,), {"_fields_": fields})()
+        self.struct_ref = ctypes.byref(self.struct)
         self.last: list = [None] * len(fields)
         self.hook = cmd.hooks.forward
+        self.constants = None
+        # Views sharing the struct's memory (data, shape, strides) of its 1-D array arguments, with
+        # the element size in bytes of each: what set_flat writes.
+        self.flat_views: dict[int, tuple] = {}
+        for i, arg in enumerate(cmd.kernel.adj.args):
+            if fields[i][1] is _array_t and getattr(arg.type, "ndim", 0) == 1:
+                view = getattr(self.struct, arg.label)
+                self.flat_views[i] = (view, view.shape, view.strides,
+                                      wp.types.type_size_in_bytes(arg.type.dtype))
 
     def __call__(self, args: list) -> None:
         struct, last, names = self.struct, self.last, self.names
+        self.constants = None
         for i, value in enumerate(args):
             if value is not last[i]:
                 if isinstance(value, wp.array):
                     value = value.__ctype__()
                 setattr(struct, names[i], value)
                 last[i] = value
-        self.hook(ctypes.byref(self.cmd.bounds), ctypes.byref(struct))
+        self.run()
+
+    def set_constants(self, positions: tuple, values: tuple) -> None:
+        """Write ``values`` (descriptors or numbers) to the arguments at ``positions``, unless this
+        very tuple was the last one written (callers keep one tuple per set of world tensors, and
+        never pass those positions to set_flat or set_value)."""
+        if values is self.constants:
+            return
+        struct, last, names = self.struct, self.last, self.names
+        for i, value in zip(positions, values):
+            if value is not last[i]:
+                setattr(struct, names[i], value)
+                last[i] = value
+        self.constants = values
+
+    def set_flat(self, i: int, t: torch.Tensor) -> None:
+        """Point 1-D array argument ``i`` at contiguous tensor ``t`` (its bytes, as elements of the
+        kernel's dtype). The caller keeps ``t`` alive until run() has returned."""
+        view, shape, strides, element = self.flat_views[i]
+        view.data = t.data_ptr()
+        view.ndim = 1
+        shape[0] = t.numel() * t.element_size() // element
+        strides[0] = element
+        self.last[i] = None
+
+    def set_flats(self, positions: tuple, tensors: tuple) -> None:
+        for i, t in zip(positions, tensors):
+            self.set_flat(i, t)
+
+    def set_values(self, positions: tuple, values: tuple) -> None:
+        """Write numbers to the scalar arguments at ``positions``."""
+        struct, last, names = self.struct, self.last, self.names
+        for i, value in zip(positions, values):
+            if value is not last[i]:
+                setattr(struct, names[i], value)
+                last[i] = value
+
+    def run(self) -> None:
+        self.hook(ctypes.byref(self.cmd.bounds), self.struct_ref)
 
 
 def _replay(kernel, wdev, total: int, args: list, stream=None) -> None:
@@ -186,6 +241,21 @@ def _replay(kernel, wdev, total: int, args: list, stream=None) -> None:
             params[i + 1].value = value
         recorded[i] = value
     cmd.launch(stream) if stream is not None else cmd.launch()
+
+
+def _cpu_call(kernel, device: torch.device, total: int) -> _CpuCall | None:
+    """This thread's direct call of ``kernel`` on the CPU, set to ``total`` threads, when the
+    launch runs as one serial chunk and an earlier launch through _launch has recorded it; else
+    None (launch through _launch)."""
+    if device.type != "cpu" or total == 0 or total >= 2 * _CPU_MIN_SPHERES_PER_THREAD:
+        return None
+    entry = _launches.by_kernel.get((kernel, warp_device(device).alias))
+    if entry is None or entry[2] is None:
+        return None
+    if entry[1] != total:
+        entry[0].set_dim(total)
+        entry[1] = total
+    return entry[2]
 
 
 def _launch(kernel, total: int, inputs_before_range: list, outputs: list, device: torch.device) -> None:
@@ -390,16 +460,72 @@ def _world_descriptors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, dev
     return tuple(_as_warp(t) for t in ready), ready
 
 
-def _env_query(env_query_idx, batch: int, device: torch.device):
+def _env_tensor(env_query_idx, batch: int, device: torch.device) -> tuple[torch.Tensor, int]:
+    """(contiguous (batch,) int32 tensor on ``device``, 1) for env_query_idx, or (an unused
+    one-element tensor, 0) for None."""
     if env_query_idx is None:
         unused = _no_env_query.get(device)
         if unused is None:
             unused = _no_env_query.setdefault(device, torch.zeros(1, dtype=torch.int32, device=device))
-        return _cached(("no_env", id(unused)), (unused,), lambda: _as_warp(unused)), 0
+        return unused, 0
     env = env_query_idx.reshape(-1)
     if env.shape[0] != batch:
         raise ValueError(f"env_query_idx must have one entry per batch row ({batch}), got {env.shape[0]}")
-    return _owning(_ready(env, device, torch.int32)), 1
+    return _ready(env, device, torch.int32), 1
+
+
+def _env_descriptor(env: torch.Tensor, use: int):
+    """Launch descriptor of _env_tensor's tensor (cached for the unused one)."""
+    if not use:
+        return _cached(("no_env", id(env)), (env,), lambda: _as_warp(env))
+    return _owning(env)
+
+
+def _env_query(env_query_idx, batch: int, device: torch.device):
+    env, use = _env_tensor(env_query_idx, batch, device)
+    return _env_descriptor(env, use), use
+
+
+# Launch arguments that callers keep across calls: the three scalar tensors, the four world
+# tensors and the sign arguments, validated and converted together once per set of tensors
+# (keyed by identities, checked against the data pointers as _cached does).
+_constant_sets: dict = {}
+_data_ptr = torch.Tensor.data_ptr
+_WINDING = int(SignMethod.WINDING_NUMBER)
+
+
+def _is_kept_scalar(t, device: torch.device) -> bool:
+    """A scalar tensor _scalar_warp describes without a per-call copy."""
+    return isinstance(t, torch.Tensor) and t.device == device and t.dtype == torch.float32 and t.dim() == 1
+
+
+def _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
+                        sign_method, device: torch.device) -> tuple:
+    """(weight, activation_distance, max_distance, mesh_idx, pose_inverse, enable, n_env_mesh,
+    sign code, slot signs) as launch arguments, after the same checks as on every call."""
+    per_slot = isinstance(sign_method, torch.Tensor)
+    key = (device, id(weight), id(activation_distance), id(max_dist), id(mesh_idx), id(mesh_pose_inverse),
+           id(mesh_enable), id(n_env_mesh), id(sign_method) if per_slot else sign_method)
+    try:
+        entry = _constant_sets.get(key)
+    except TypeError:  # an unhashable sign_method: SignMethod.parse below says what is wrong
+        entry = key = None
+    if entry is not None and tuple(map(_data_ptr, entry[0])) == entry[1]:
+        return entry[2]
+    values = (_scalar_warp(weight, device), _scalar_warp(activation_distance, device), _scalar_warp(max_dist, device),
+              *_check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device),
+              *_sign_arguments(sign_method, mesh_idx, device))
+    # Kept only when nothing in it is a per-call copy and no call-wide winding_number check
+    # (which reads the mesh ids on every call) is involved.
+    if key is not None and _is_kept_scalar(weight, device) and _is_kept_scalar(activation_distance, device) \
+            and _is_kept_scalar(max_dist, device) \
+            and (sign_method.dtype == torch.uint8 and sign_method.is_contiguous() if per_slot else values[7] != _WINDING):
+        tensors = (weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh)
+        tensors += (sign_method,) if per_slot else ()
+        if len(_constant_sets) >= _DESCRIPTOR_CACHE_SIZE:
+            _constant_sets.clear()
+        _constant_sets[key] = (tensors, tuple(map(_data_ptr, tensors)), values)
+    return values
 
 
 class _Outputs:
@@ -451,16 +577,29 @@ def launch_sphere_cost(
     outs = _Outputs(out_cost, out_grad, sparsity_idx, (b, h, n), device)
     # Keep the contiguous tensor referenced until the launch: a descriptor holds only its address.
     spheres_data = query_spheres.detach().contiguous()
-    spheres = _flat(spheres_data, 16)
-    env_arr, use_env = _env_query(env_query_idx, b, device)
-    world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
-    inputs = [
-        spheres, _scalar_warp(weight, device), _scalar_warp(activation_distance, device),
-        _scalar_warp(max_dist, device), *world, env_arr, use_env, h * n,
-        *_sign_arguments(sign_method, mesh_idx, device), int(bool(compute_esdf)), int(bool(compute_grad)),
-    ]
-    _launch(kernels.sphere_cost_kernel, b * h * n, inputs, outs.warp_arrays(), device)
+    env, use_env = _env_tensor(env_query_idx, b, device)
+    constants = _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
+                                    n_env_mesh, sign_method, device)
+    total = b * h * n
+    call = _cpu_call(kernels.sphere_cost_kernel, device, total)
+    if call is not None:
+        # Small CPU launches: the per-call tensors go straight into the recorded argument struct.
+        call.set_constants(_SPHERE_COST_CONSTANT_POSITIONS, constants)
+        call.set_flats(_SPHERE_COST_FLAT_POSITIONS, (spheres_data, env, outs.cost, outs.grad, outs.sparsity))
+        call.set_values(_SPHERE_COST_VALUE_POSITIONS,
+                        (use_env, h * n, int(bool(compute_esdf)), int(bool(compute_grad)), 0, total))
+        call.run()
+    else:
+        inputs = [_flat(spheres_data, 16), *constants[:7], _env_descriptor(env, use_env), use_env, h * n, *constants[7:],
+                  int(bool(compute_esdf)), int(bool(compute_grad))]
+        _launch(kernels.sphere_cost_kernel, total, inputs, outs.warp_arrays(), device)
     outs.finish()
+
+
+# sphere_cost_kernel's argument positions by kind, for the direct CPU call.
+_SPHERE_COST_CONSTANT_POSITIONS = (1, 2, 3, 4, 5, 6, 7, 11, 12)
+_SPHERE_COST_FLAT_POSITIONS = (0, 8, 17, 18, 19)  # spheres, env_query, out_cost, out_grad, out_sparsity
+_SPHERE_COST_VALUE_POSITIONS = (9, 10, 13, 14, 15, 16)  # use_env, per batch, esdf, grad, start, total
 
 
 class SweptPartials:
