@@ -169,7 +169,11 @@ class _ReadWriteLock:
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        # Readers take the bare mutex (entered on every evaluation: cheaper than the Condition's
+        # Python-level __enter__); the Condition built on it is only waited on and notified when
+        # a writer is involved.
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._readers = 0
         self._writing = False
         self._writers_waiting = 0
@@ -181,24 +185,28 @@ class _ReadWriteLock:
         return _ReadHold(self)
 
     def _acquire_read(self) -> None:
-        depth = getattr(self._held, "depth", 0)
+        held = self._held
+        depth = getattr(held, "depth", 0)
         if depth:
             # Re-entered by a thread that already reads: waiting for the writer would deadlock.
-            self._held.depth = depth + 1
+            held.depth = depth + 1
             return
-        with self._cond:
+        with self._mutex:
             while self._writing or self._writers_waiting:
                 self._cond.wait()
             self._readers += 1
-        self._held.depth = 1
+        held.depth = 1
 
     def _release_read(self) -> None:
-        depth = self._held.depth
-        self._held.depth = depth - 1
+        held = self._held
+        depth = held.depth
+        held.depth = depth - 1
         if depth == 1:
-            with self._cond:
+            with self._mutex:
                 self._readers -= 1
-                if self._readers == 0:
+                # Only a writer can be waiting for the last reader to leave (readers wait only
+                # while a writer waits or writes, and a writer's exit wakes them).
+                if self._readers == 0 and self._writers_waiting:
                     self._cond.notify_all()
 
     @contextmanager
@@ -344,15 +352,16 @@ class _WorldRead:
         self._world = world
 
     def __enter__(self) -> WorldSnapshot:
-        self._world._refit_lock._acquire_read()
-        snap = self._snapshot = self._world._snapshot
-        if self._world.device.type == "cuda":
+        world = self._world
+        world._refit_lock._acquire_read()
+        snap = self._snapshot = world._snapshot
+        if world._cuda:
             snap.before_use()
         return snap
 
     def __exit__(self, *exc) -> None:
         try:
-            if self._world.device.type == "cuda":
+            if self._world._cuda:
                 self._snapshot.after_use()
         finally:
             self._world._refit_lock._release_read()
@@ -384,6 +393,7 @@ class MeshWorld:
         if not (np.isfinite(max_distance) and max_distance > 0):
             raise ValueError(f"max_distance must be a positive number of metres, got {max_distance}")
         self.device = resolve_device(device)
+        self._cuda = self.device.type == "cuda"
         self.sign_method = SignMethod.parse(sign_method)
         self.max_distance = float(max_distance)
         self.num_envs = int(num_envs)
