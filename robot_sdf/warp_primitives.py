@@ -122,6 +122,10 @@ class _Launches(threading.local):
 _launches = _Launches()
 
 
+# _CpuCall.last entry of an argument that set_flats wrote (a 1-D descriptor already in place).
+_FLAT = object()
+
+
 class _CpuCall:
     """A recorded CPU launch called through its kernel hook with a persistent argument struct
     (what Warp's own replay does, minus building and filling a fresh struct on every call): only
@@ -129,8 +133,8 @@ class _CpuCall:
 
     Two ways to fill it: ``__call__(args)`` with the whole argument list (descriptors, wp.arrays,
     numbers), or, for the per-call fast path, ``set_constants`` (a tuple of values reused across
-    calls, written only when a different tuple comes), ``set_flat`` (a contiguous tensor written
-    straight into the 1-D array argument's fields, no descriptor object) and ``set_value``, then
+    calls, written only when a different tuple comes), ``set_flats`` (contiguous tensors written
+    straight into 1-D array arguments, no descriptor objects) and ``set_values``, then
     ``run()``."""
 
     def __init__(self, cmd) -> None:
@@ -143,7 +147,7 @@ class _CpuCall:
         self.hook = cmd.hooks.forward
         self.constants = None
         # Views sharing the struct's memory (data, shape, strides) of its 1-D array arguments, with
-        # the element size in bytes of each: what set_flat writes.
+        # the element size in bytes of each: what set_flats writes.
         self.flat_views: dict[int, tuple] = {}
         for i, arg in enumerate(cmd.kernel.adj.args):
             if fields[i][1] is _array_t and getattr(arg.type, "ndim", 0) == 1:
@@ -165,7 +169,7 @@ class _CpuCall:
     def set_constants(self, positions: tuple, values: tuple) -> None:
         """Write ``values`` (descriptors or numbers) to the arguments at ``positions``, unless this
         very tuple was the last one written (callers keep one tuple per set of world tensors, and
-        never pass those positions to set_flat or set_value)."""
+        never pass those positions to set_flats or set_values)."""
         if values is self.constants:
             return
         struct, last, names = self.struct, self.last, self.names
@@ -175,19 +179,18 @@ class _CpuCall:
                 last[i] = value
         self.constants = values
 
-    def set_flat(self, i: int, t: torch.Tensor) -> None:
-        """Point 1-D array argument ``i`` at contiguous tensor ``t`` (its bytes, as elements of the
-        kernel's dtype). The caller keeps ``t`` alive until run() has returned."""
-        view, shape, strides, element = self.flat_views[i]
-        view.data = t.data_ptr()
-        view.ndim = 1
-        shape[0] = t.numel() * t.element_size() // element
-        strides[0] = element
-        self.last[i] = None
-
     def set_flats(self, positions: tuple, tensors: tuple) -> None:
+        """Point the 1-D array arguments at ``positions`` at contiguous tensors (their bytes, as
+        elements of the kernel's dtype). The caller keeps the tensors alive until run() returns."""
+        views, last = self.flat_views, self.last
         for i, t in zip(positions, tensors):
-            self.set_flat(i, t)
+            view, shape, strides, element = views[i]
+            view.data = t.data_ptr()
+            shape[0] = t.numel() * t.element_size() // element
+            if last[i] is not _FLAT:  # rank and stride stay from the previous set_flats
+                view.ndim = 1
+                strides[0] = element
+                last[i] = _FLAT
 
     def set_values(self, positions: tuple, values: tuple) -> None:
         """Write numbers to the scalar arguments at ``positions``."""
@@ -534,15 +537,23 @@ class _Outputs:
     def __init__(self, out_cost: torch.Tensor, out_grad: torch.Tensor, sparsity_idx: torch.Tensor, shape: tuple,
                  device: torch.device):
         b, h, n = shape
-        for name, t, want in (("out_cost", out_cost, (b, h, n)), ("out_grad", out_grad, (b, h, n, 4)),
-                              ("sparsity_idx", sparsity_idx, (b, h, n))):
-            if t.shape != want:
-                raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+        if out_cost.shape != shape or sparsity_idx.shape != shape or out_grad.shape != (b, h, n, 4):
+            for name, t, want in (("out_cost", out_cost, (b, h, n)), ("out_grad", out_grad, (b, h, n, 4)),
+                                  ("sparsity_idx", sparsity_idx, (b, h, n))):
+                if t.shape != want:
+                    raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
         if out_cost.dtype != torch.float32 or out_grad.dtype != torch.float32:
             raise ValueError("out_cost and out_grad must be float32")
         if out_cost.device != device or out_grad.device != device or sparsity_idx.device != device:
             raise ValueError(f"out_cost, out_grad and sparsity_idx must be on the spheres' device {device}")
         self._targets = (out_cost, out_grad, sparsity_idx)
+        if out_cost.is_contiguous() and out_grad.is_contiguous() and sparsity_idx.dtype == torch.uint8 \
+                and sparsity_idx.is_contiguous():
+            # The common case: the kernel writes the caller's buffers, nothing to copy back.
+            self.cost, self.grad, self.sparsity = out_cost, out_grad, sparsity_idx
+            self._copies = False
+            return
+        self._copies = True
         self.cost = out_cost if out_cost.is_contiguous() else torch.empty_like(out_cost, memory_format=torch.contiguous_format)
         self.grad = out_grad if out_grad.is_contiguous() else torch.empty_like(out_grad, memory_format=torch.contiguous_format)
         sp = sparsity_idx if sparsity_idx.dtype == torch.uint8 else sparsity_idx.to(torch.uint8)
@@ -552,6 +563,8 @@ class _Outputs:
         return [_flat(self.cost, 4), _flat(self.grad, 16), _flat(self.sparsity, 1)]
 
     def finish(self) -> None:
+        if not self._copies:
+            return
         for target, mine in zip(self._targets, (self.cost, self.grad, self.sparsity)):
             if target.data_ptr() != mine.data_ptr() or target.dtype != mine.dtype:
                 target.copy_(mine)
