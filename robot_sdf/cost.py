@@ -16,6 +16,7 @@ from robot_sdf.warp_primitives import (
     SdfMeshWarpPy,
     SweptSdfMeshWarpPy,
     launch_sphere_cost,
+    launch_sphere_cost_fresh,
     launch_swept_sphere_cost,
 )
 
@@ -108,8 +109,8 @@ class _SphereCost(torch.autograd.Function):
     @staticmethod
     def forward(ctx, spheres, call):
         cost, grad, sparsity, rest, sign_methods = call
-        launch_sphere_cost(spheres, cost, grad, sparsity, *rest, compute_esdf=False,
-                           compute_grad=bool(ctx.needs_input_grad[0]), sign_method=sign_methods)
+        launch_sphere_cost_fresh(spheres, cost, grad, sparsity, *rest, compute_esdf=False,
+                                 compute_grad=bool(ctx.needs_input_grad[0]), sign_method=sign_methods)
         ctx.out_grad = grad  # an internal buffer, not an output: no reference cycle
         return cost
 
@@ -216,8 +217,9 @@ def evaluate_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, e
     w, eta, max_d = _scalars(world, activation_distance, weight, max_distance)
     cost, grad, sparsity = _buffers(s)
     with world.reading() as snap:
-        launch_sphere_cost(s, cost, grad, sparsity, w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable,
-                           snap.n_env_mesh, max_d, env, compute_grad=compute_gradient, sign_method=snap.sign_methods)
+        launch_sphere_cost_fresh(s, cost, grad, sparsity, w, eta, snap.mesh_idx, snap.mesh_pose_inverse,
+                                 snap.mesh_enable, snap.n_env_mesh, max_d, env, compute_grad=compute_gradient,
+                                 sign_method=snap.sign_methods)
         revision = snap.revision
     result = (cost, grad[..., :3] if compute_gradient else None)
     return result + (revision,) if return_revision else result

@@ -586,8 +586,32 @@ def launch_sphere_cost(
 ) -> None:
     """Fill out_cost (b,h,n), out_grad (b,h,n,4) and sparsity_idx for SdfMeshWarpPy's cost."""
     b, h, n = _check_spheres(query_spheres)
+    outs = _Outputs(out_cost, out_grad, sparsity_idx, (b, h, n), query_spheres.device)
+    _sphere_cost_into(query_spheres, outs.cost, outs.grad, outs.sparsity, b, h, n, weight, activation_distance,
+                      mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx, compute_esdf,
+                      compute_grad, sign_method)
+    outs.finish()
+
+
+def launch_sphere_cost_fresh(query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
+                             mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx=None,
+                             compute_esdf: bool = False, compute_grad: bool = True,
+                             sign_method=SignMethod.AUTO) -> None:
+    """launch_sphere_cost for output buffers the caller has just made for this call, as
+    robot_sdf.cost does: query_spheres (b,h,n,4) float32, out_cost (b,h,n) and out_grad (b,h,n,4)
+    float32, sparsity_idx (b,h,n) uint8, all contiguous on the spheres' device (the checks
+    launch_sphere_cost makes of caller-held buffers are skipped; everything else is checked)."""
+    b, h, n, _ = query_spheres.shape
+    _sphere_cost_into(query_spheres, out_cost, out_grad, sparsity_idx, b, h, n, weight, activation_distance,
+                      mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx, compute_esdf,
+                      compute_grad, sign_method)
+
+
+def _sphere_cost_into(query_spheres, cost, grad, sparsity, b, h, n, weight, activation_distance, mesh_idx,
+                      mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx, compute_esdf, compute_grad,
+                      sign_method) -> None:
+    """The launch itself, into contiguous cost/grad/sparsity buffers of the right shapes."""
     device = query_spheres.device
-    outs = _Outputs(out_cost, out_grad, sparsity_idx, (b, h, n), device)
     # Keep the contiguous tensor referenced until the launch: a descriptor holds only its address.
     spheres_data = query_spheres.detach().contiguous()
     env, use_env = _env_tensor(env_query_idx, b, device)
@@ -598,15 +622,14 @@ def launch_sphere_cost(
     if call is not None:
         # Small CPU launches: the per-call tensors go straight into the recorded argument struct.
         call.set_constants(_SPHERE_COST_CONSTANT_POSITIONS, constants)
-        call.set_flats(_SPHERE_COST_FLAT_POSITIONS, (spheres_data, env, outs.cost, outs.grad, outs.sparsity))
+        call.set_flats(_SPHERE_COST_FLAT_POSITIONS, (spheres_data, env, cost, grad, sparsity))
         call.set_values(_SPHERE_COST_VALUE_POSITIONS,
                         (use_env, h * n, int(bool(compute_esdf)), int(bool(compute_grad)), 0, total))
         call.run()
-    else:
-        inputs = [_flat(spheres_data, 16), *constants[:7], _env_descriptor(env, use_env), use_env, h * n, *constants[7:],
-                  int(bool(compute_esdf)), int(bool(compute_grad))]
-        _launch(kernels.sphere_cost_kernel, total, inputs, outs.warp_arrays(), device)
-    outs.finish()
+        return
+    inputs = [_flat(spheres_data, 16), *constants[:7], _env_descriptor(env, use_env), use_env, h * n, *constants[7:],
+              int(bool(compute_esdf)), int(bool(compute_grad))]
+    _launch(kernels.sphere_cost_kernel, total, inputs, [_flat(cost, 4), _flat(grad, 16), _flat(sparsity, 1)], device)
 
 
 # sphere_cost_kernel's argument positions by kind, for the direct CPU call.
