@@ -105,9 +105,11 @@ def _face_normals(v64: np.ndarray, tri: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 
 def _normalise_rows(x: np.ndarray) -> np.ndarray:
-    length = np.linalg.norm(x, axis=1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(length > 0.0, x / length, 0.0)
+    """Rows of x (N,3) scaled to unit length; zero rows stay zero."""
+    length = np.sqrt(np.einsum("ij,ij->i", x, x))[:, None]
+    out = np.zeros_like(x)
+    np.divide(x, length, out=out, where=length > 0.0)
+    return out
 
 
 def _edge_keys(welded_tri: np.ndarray, n_vertices: int) -> np.ndarray:
@@ -117,40 +119,44 @@ def _edge_keys(welded_tri: np.ndarray, n_vertices: int) -> np.ndarray:
     return lo * np.int64(n_vertices) + hi
 
 
-def _scatter_add(index: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
-    """(size, 3) sums of the rows of ``values`` (N,3) grouped by ``index`` (N,)."""
-    return np.stack([np.bincount(index, weights=values[:, k], minlength=size) for k in range(3)], axis=1)
+# Corner k's next and previous corners.
+_NEXT = np.array([1, 2, 0])
+_PREV = np.array([2, 0, 1])
 
 
-def pseudo_normals(vertices: np.ndarray, triangles: np.ndarray, welded: np.ndarray | None = None):
-    """Vertex pseudo-normals (V,3) and edge pseudo-normals (T,3,3), float64, unit or zero.
+@dataclass(frozen=True)
+class SignTopology:
+    """The part of the sign data that depends only on the triangles and the weld: computed once
+    per geometry and reused by every refit (same topology, new vertex positions), so that a
+    refit's sign data is a handful of vectorised passes. Compact (int32, 24 bytes per triangle);
+    the flattened scatter indices are derived per call."""
 
-    Vertices at the same position share their normal (welded), so an unindexed soup gets the
-    same normals as the indexed mesh it was exported from."""
-    v64 = np.asarray(vertices, np.float64)
-    tri = np.asarray(triangles, np.int64)
-    w = weld(vertices) if welded is None else welded
-    wt = w[tri]
-    n_face, _ = _face_normals(v64, tri)
+    triangles: np.ndarray       # (T,3) int32
+    welded: np.ndarray          # (V,) first vertex at the same position (weld)
+    welded_corner: np.ndarray   # (3T,) int32 welded vertex of corner k of triangle f at 3 f + k
+    edge_of_corner: np.ndarray  # (3T,) int32 undirected welded edge k (corners k, k+1) of triangle f
+    n_edges: int
+    balanced: bool              # every welded edge used as often in each direction
 
-    # Angle of each triangle at each corner, robust for thin triangles (atan2 of |cross|, dot).
-    corners = v64[tri]
-    angles = np.empty(tri.shape)
-    for k in range(3):
-        e1 = corners[:, (k + 1) % 3] - corners[:, k]
-        e2 = corners[:, (k + 2) % 3] - corners[:, k]
-        angles[:, k] = np.arctan2(np.linalg.norm(np.cross(e1, e2), axis=1), np.einsum("ij,ij->i", e1, e2))
-    weighted = (angles[:, :, None] * n_face[:, None, :]).reshape(-1, 3)
-    vertex_sum = _scatter_add(wt.reshape(-1), weighted, v64.shape[0])
-    vertex_normals = _normalise_rows(vertex_sum)[w]
+    @property
+    def nbytes(self) -> int:
+        return self.welded_corner.nbytes + self.edge_of_corner.nbytes
 
-    keys = _edge_keys(wt, v64.shape[0]).reshape(-1)
-    unique, inverse = _unique(keys, return_inverse=True)
-    # broadcast + copy, not np.repeat (which holds the GIL)
-    per_corner = np.broadcast_to(n_face[:, None, :], (n_face.shape[0], 3, 3)).reshape(-1, 3)
-    edge_sum = _scatter_add(inverse, per_corner, unique.shape[0])
-    edge_normals = _normalise_rows(edge_sum)[inverse.reshape(-1)].reshape(-1, 3, 3)
-    return vertex_normals, edge_normals
+
+def sign_topology(triangles: np.ndarray, welded: np.ndarray) -> SignTopology:
+    tri = np.asarray(triangles, np.int64).reshape(-1, 3)
+    wt = welded[tri]
+    unique, inverse = _unique(_edge_keys(wt, welded.shape[0]).reshape(-1), return_inverse=True)
+    return SignTopology(triangles=np.asarray(triangles, np.int32).reshape(-1, 3), welded=welded,
+                        welded_corner=wt.reshape(-1).astype(np.int32), edge_of_corner=inverse.astype(np.int32),
+                        n_edges=int(unique.shape[0]), balanced=balanced_edges(tri, welded))
+
+
+def _component_sums(index: np.ndarray, rows: np.ndarray, size: int) -> np.ndarray:
+    """(size, 3) sums of the rows of ``rows`` (N,3) grouped by ``index`` (N,): one np.bincount
+    over (3 index + axis), which, unlike np.add.at, releases the GIL on big meshes."""
+    flat = (3 * index.astype(np.int64)[:, None] + np.arange(3)).reshape(-1)
+    return np.bincount(flat, weights=rows.reshape(-1), minlength=3 * size).reshape(-1, 3)
 
 
 def balanced_edges(triangles: np.ndarray, welded: np.ndarray) -> bool:
@@ -169,43 +175,59 @@ def balanced_edges(triangles: np.ndarray, welded: np.ndarray) -> bool:
     return bool(np.all(balance == 0))
 
 
-def has_slivers(vertices: np.ndarray, triangles: np.ndarray) -> bool:
-    """Any non-flat triangle with longest edge / height above SLIVER_ASPECT."""
-    corners = np.asarray(vertices, np.float64)[np.asarray(triangles, np.int64)]
-    longest2 = np.max(((corners - np.roll(corners, 1, axis=1)) ** 2).sum(axis=2), axis=1)
-    area2 = np.linalg.norm(np.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0]), axis=1)
-    real = area2 > FLAT_RATIO * longest2
-    # height = area2 / longest; aspect = longest / height = longest^2 / area2
-    return bool(np.any(longest2[real] > SLIVER_ASPECT * area2[real]))
-
-
-def surface_area(vertices: np.ndarray, triangles: np.ndarray) -> float:
-    _, area2 = _face_normals(np.asarray(vertices, np.float64), np.asarray(triangles, np.int64))
-    return float(0.5 * area2.sum())
-
-
-def winding_radius(vertices: np.ndarray, triangles: np.ndarray) -> float:
-    """Distance from the kernel-frame origin beyond which the winding number is below 0.5."""
-    v64 = np.asarray(vertices, np.float64)
-    _, area2 = _face_normals(v64, np.asarray(triangles, np.int64))
-    radius = float(np.sqrt((v64 ** 2).sum(axis=1).max()))
-    return radius + float(np.sqrt(0.5 * area2.sum() / (2.0 * np.pi))) * 1.001 + 1e-6
+def _cross(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cross product of (..., 3) arrays (np.cross's axis handling costs more than the
+    product itself on the small meshes a perception stream refits many times a second)."""
+    a0, a1, a2 = a[..., 0], a[..., 1], a[..., 2]
+    b0, b1, b2 = b[..., 0], b[..., 1], b[..., 2]
+    return np.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], axis=-1)
 
 
 def sign_data(vertices: np.ndarray, triangles: np.ndarray, winding_number: bool, method: SignMethod,
-              welded: np.ndarray | None = None) -> np.ndarray:
+              welded: np.ndarray | None = None, topology: SignTopology | None = None) -> np.ndarray:
     """The (V + 3T + 5, 3) float32 array described in the module docstring, for vertices given
-    in the kernel frame."""
-    w = weld(vertices) if welded is None else welded
-    vn, en = pseudo_normals(vertices, triangles, w)
-    v = np.asarray(vertices, np.float32)
-    box_bounds = balanced_edges(triangles, w)
+    in the kernel frame. ``topology``: sign_topology(triangles, welded), when already known.
+
+    Pseudo-normals, float64: a face's is its unit normal (zero if degenerate); a vertex's the
+    sum of the normals of its triangles weighted by their angles at it, normalised, shared by
+    welded vertices (so an unindexed soup gets the normals of the indexed mesh it came from);
+    an edge's the normalised sum of the normals of every triangle on it."""
+    if topology is None:
+        topology = sign_topology(triangles, weld(vertices) if welded is None else welded)
+    v64 = np.asarray(vertices, np.float64).reshape(-1, 3)
+    n_vertices = v64.shape[0]
+    corners = v64[topology.triangles]                # (T,3,3)
+    edges = corners[:, _NEXT] - corners              # edge k: corner k -> corner k + 1
+    normal = _cross(edges[:, 0], -edges[:, 2])       # (c1 - c0) x (c2 - c0)
+    area2 = np.sqrt(np.einsum("ij,ij->i", normal, normal))
+    n_face = np.zeros_like(normal)
+    np.divide(normal, area2[:, None], out=n_face, where=area2[:, None] > 0.0)
+    # Angle at corner k between its two edges, atan2(|cross|, dot): robust for thin triangles
+    # (|cross| of any two edges of a triangle is twice its area).
+    dots = -np.einsum("tkj,tkj->tk", edges, edges[:, _PREV])
+    angles = np.arctan2(np.broadcast_to(area2[:, None], dots.shape), dots)
+    weighted = angles[:, :, None] * n_face[:, None, :]
+    vertex_sum = _component_sums(topology.welded_corner, weighted, n_vertices)
+    vertex_normals = _normalise_rows(vertex_sum)[topology.welded]
+    per_corner = np.broadcast_to(n_face[:, None, :], corners.shape)
+    edge_sum = _component_sums(topology.edge_of_corner, per_corner, topology.n_edges)
+    edge_normals = _normalise_rows(edge_sum)[topology.edge_of_corner]
+
+    # Slivers: a non-flat triangle with longest edge / height above SLIVER_ASPECT
+    # (height = area2 / longest, so aspect = longest^2 / area2).
+    longest2 = np.einsum("tkj,tkj->tk", edges, edges).max(axis=1) if len(edges) else np.zeros(0)
+    real = area2 > FLAT_RATIO * longest2
+    slivers = bool(np.any(longest2[real] > SLIVER_ASPECT * area2[real]))
+    area = 0.5 * float(area2.sum())
+    # Beyond this distance from the kernel-frame origin the winding number is below 0.5.
+    radius = float(np.sqrt(np.einsum("ij,ij->i", v64, v64).max())) if n_vertices else 0.0
+    winding_radius = radius + float(np.sqrt(area / (2.0 * np.pi))) * 1.001 + 1e-6
+    v = np.asarray(vertices, np.float32).reshape(-1, 3)
     extra = np.array([v.min(axis=0), v.max(axis=0),
                       [SIGN_DATA_MAGIC, 1.0 if winding_number else 0.0, float(int(method))],
-                      [winding_radius(vertices, triangles), 1.0 if box_bounds else 0.0,
-                       1.0 if has_slivers(vertices, triangles) else 0.0],
-                      [surface_area(vertices, triangles), 0.0, 0.0]], np.float64)
-    return np.ascontiguousarray(np.concatenate([vn, en.reshape(-1, 3), extra]), dtype=np.float32)
+                      [winding_radius, 1.0 if topology.balanced else 0.0, 1.0 if slivers else 0.0],
+                      [area, 0.0, 0.0]], np.float64)
+    return np.ascontiguousarray(np.concatenate([vertex_normals, edge_normals, extra]), dtype=np.float32)
 
 
 # ---------------------------------------------------------------------------------------- auto

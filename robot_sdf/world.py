@@ -105,6 +105,8 @@ class _Geometry:
         self.mesh = mesh
         register_mesh(self.mesh.id, self.winding_number)
         self.users = 0
+        # Kept from the first refit on: a stream of refits then skips the topology work.
+        self.sign_topology: mesh_analysis.SignTopology | None = None
 
     def _centred(self, vertices: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(vertices.astype(np.float64) - self.centre, dtype=np.float32)
@@ -113,8 +115,10 @@ class _Geometry:
         """The numpy part of a refit (centred float32 points (V,3), sign data), computed while
         queries still run: only ``refit`` needs them held off."""
         centred = self._centred(vertices)
+        if self.sign_topology is None:
+            self.sign_topology = mesh_analysis.sign_topology(self.triangles, self.welded)
         return centred, mesh_analysis.sign_data(centred, self.triangles, self.winding_number, self.method,
-                                                self.welded)
+                                                topology=self.sign_topology)
 
     def refit(self, vertices: np.ndarray, prepared: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         """New vertex positions, same topology: refit the BVH about the same centre (so a snapshot
@@ -661,6 +665,7 @@ class MeshWorld:
     def _release_geometry(self, geo: _Geometry) -> None:
         geo.users -= 1
         if geo.users == 0:
+            geo.sign_topology = None  # refit data of live geometries only: the cache holds less
             del self._geometries[geo.key]
             self._unused[geo.key] = geo
             self._cache_bytes += geometry_bytes(geo)
