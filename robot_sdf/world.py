@@ -552,15 +552,22 @@ class MeshWorld:
         v = geometry.validate_vertices(vertices)
         p = None if pose is None else geometry.validate_pose(pose)
         with self._write_lock:
+            old = self._require(name, env).geometry
+        self._check_refit_shape(name, v, old)
+        geometry.check_area(v, old.triangles)
+        key = _content_key(v, old.triangles, old.requested)
+        # The numpy part of an in-place refit runs before the writer lock, so pose and enable
+        # updates (and queries) wait only for the BVH refit itself. The geometry's triangles,
+        # centre and method never change, so the result stays valid if it is still the slot's.
+        prepared = old.prepare_refit(v) if old.users == 1 else None
+        with self._write_lock:
             slot = self._require(name, env)
-            old = slot.geometry
-            if v.shape != old.vertices.shape:
-                raise ValueError(
-                    f"update_vertices: {name!r} has {old.vertices.shape[0]} vertices, got {v.shape[0]}; "
-                    "use add_mesh to change topology"
-                )
-            geometry.check_area(v, old.triangles)
-            key = _content_key(v, old.triangles, old.requested)
+            if slot.geometry is not old:  # replaced meanwhile: check and prepare again, held
+                old = slot.geometry
+                self._check_refit_shape(name, v, old)
+                geometry.check_area(v, old.triangles)
+                key = _content_key(v, old.triangles, old.requested)
+                prepared = None
             if p is not None:
                 slot.pose = p
             index = self._index(env, slot)
@@ -572,8 +579,8 @@ class MeshWorld:
             else:
                 # Readers must not run while the BVH is half refit. The sign method stays what it
                 # was (same topology); the centre too, so older snapshots keep their translation.
-                # The numpy work comes first, so queries are held off only for the refit itself.
-                prepared = old.prepare_refit(v)
+                if prepared is None:
+                    prepared = old.prepare_refit(v)
                 with self._refit_lock.write():
                     self._sync_device_before_write()
                     old.refit(v, prepared)
@@ -585,6 +592,14 @@ class MeshWorld:
                     self._mirror_slot(env, index)
                     return self._publish(pose=True)
             return self._publish(structural=True)
+
+    @staticmethod
+    def _check_refit_shape(name: str, v: np.ndarray, old: _Geometry) -> None:
+        if v.shape != old.vertices.shape:
+            raise ValueError(
+                f"update_vertices: {name!r} has {old.vertices.shape[0]} vertices, got {v.shape[0]}; "
+                "use add_mesh to change topology"
+            )
 
     # ------------------------------------------------------------------ checks
     def check_env(self, env) -> None:
