@@ -340,7 +340,9 @@ def run_load(workdir: Path, domain: int, args) -> dict:
               f"worst per-second p99 {np.nanmax(p99s) if p99s else float('nan'):.1f} ms, "
               f"worst max {np.nanmax(maxes) if maxes else float('nan'):.1f} ms")
         print(f"- of which publish->received (subscription callback): p50 {final.get('update_received_p50_ms')} ms, "
-              f"p99 {final.get('update_received_p99_ms')} ms, max {final.get('update_received_max_ms')} ms")
+              f"p99 {final.get('update_received_p99_ms')} ms, max {final.get('update_received_max_ms')} ms; "
+              f"apply time per update p50 {final.get('update_apply_p50_ms')} ms, p99 {final.get('update_apply_p99_ms')} "
+              f"ms, max {final.get('update_apply_max_ms')} ms")
         print(f"- torn responses {torn[0]} (distinct revisions answered {len(answers)})")
         step = max(1, len(rss) // 10)
         print("- node RSS MB over time: " + ", ".join(f"{t:.0f}s {m:.0f}" for t, m in rss[::step]))

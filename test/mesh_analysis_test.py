@@ -114,3 +114,29 @@ def test_sign_data_normals_match_loops_also_after_refits(name, mesh):
         assert data[-2, 0] > np.sqrt((s64 ** 2).sum(axis=1)).max()
         area = 0.5 * np.linalg.norm(np.cross(s64[t[:, 1]] - s64[t[:, 0]], s64[t[:, 2]] - s64[t[:, 0]]), axis=1).sum()
         np.testing.assert_allclose(data[-1, 0], area, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name, mesh", _sign_meshes()[:4], ids=[n for n, _ in _sign_meshes()[:4]])
+def test_sign_data_passes_as_separate_launches_match_loops(name, mesh):
+    """The four one-pass kernels CUDA uses (run here on the CPU), reused over two shapes."""
+    from robot_sdf.types import SignMethod
+
+    v, t = np.asarray(mesh[0], np.float32), np.asarray(mesh[1], np.int64)
+    writer = mesh_analysis.SignDataWriter(mesh_analysis.sign_topology(t, mesh_analysis.weld(v)), "cpu",
+                                          one_launch=False)
+    group = _position_groups(v)
+    for shape in (v, np.asarray(v * 0.5 - 0.1, np.float32)):
+        out = np.empty((writer.rows, 3), np.float32)
+        points = np.empty_like(shape)
+        # given about a centre: the writer centres them (float64, rounded once)
+        raw = np.asarray(shape.astype(np.float64) + (0.25, -1.5, 3.0), np.float32)
+        radius, winding_radius = writer.write(mesh_analysis.host_array(raw), (0.25, -1.5, 3.0),
+                                              mesh_analysis.host_array(points), mesh_analysis.host_array(out), True,
+                                              SignMethod.WINDING_NUMBER)
+        np.testing.assert_array_equal(points, np.asarray(raw.astype(np.float64) - (0.25, -1.5, 3.0), np.float32))
+        shape = points
+        vn, en = _loop_pseudo_normals(shape, t, group)
+        np.testing.assert_allclose(out[:len(v)], vn, atol=2e-6)
+        np.testing.assert_allclose(out[len(v):len(v) + 3 * len(t)].reshape(-1, 3, 3), en, atol=2e-6)
+        assert radius == pytest.approx(np.sqrt((shape.astype(np.float64) ** 2).sum(axis=1)).max(), rel=1e-12)
+        assert winding_radius > radius and out[-3, 0] == mesh_analysis.SIGN_DATA_MAGIC and out[-3, 1] == 1.0

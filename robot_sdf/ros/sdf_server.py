@@ -441,6 +441,7 @@ class SdfServer(Node):
         node = self._updates_node
         self._applied_latency = LatencyWindow()
         self._received_latency = LatencyWindow()  # stamp -> subscription callback (DDS + executor)
+        self._apply_duration = LatencyWindow()  # the worker's time per update (validation to publish)
         self._mesh_updates = UpdateQueue(self._apply_queued_mesh_obstacle, self._on_update_error,
                                          max_pending_bytes=self.config.max_pending_update_mb * 2**20,
                                          nice=_UPDATE_WORKER_NICE)
@@ -664,7 +665,10 @@ class SdfServer(Node):
                 if last is not None and stamp < last:
                     self._stale_skipped += 1
                     return
-        if self._guarded(what, lambda: self._apply_mesh_obstacle(msg, op)) and stamp != (0, 0):
+        started = time.perf_counter()
+        applied = self._guarded(what, lambda: self._apply_mesh_obstacle(msg, op))
+        self._apply_duration.record(time.perf_counter() - started)
+        if applied and stamp != (0, 0):
             with self._count_lock:
                 self._stamps[key] = stamp
                 if len(self._stamps) > _MAX_STAMPS:
@@ -867,12 +871,15 @@ class SdfServer(Node):
         q = self._mesh_updates.stats()
         p50, p99, worst = self._applied_latency.percentiles()
         r50, r99, r_worst = self._received_latency.percentiles()
+        a50, a99, a_worst = self._apply_duration.percentiles()
         return {"updates_enqueued": str(q.enqueued), "updates_applied": str(q.applied),
                 "updates_coalesced": str(q.coalesced), "updates_pending": str(q.pending),
                 "updates_pending_bytes": str(q.pending_bytes), "updates_blocked": str(q.blocked),
                 "update_applied_p50_ms": f"{1e3 * p50:.3f}", "update_applied_p99_ms": f"{1e3 * p99:.3f}",
                 "update_applied_max_ms": f"{1e3 * worst:.3f}", "update_received_p50_ms": f"{1e3 * r50:.3f}",
-                "update_received_p99_ms": f"{1e3 * r99:.3f}", "update_received_max_ms": f"{1e3 * r_worst:.3f}", "updates_stale_skipped": str(self._stale_skipped),
+                "update_received_p99_ms": f"{1e3 * r99:.3f}", "update_received_max_ms": f"{1e3 * r_worst:.3f}",
+                "update_apply_p50_ms": f"{1e3 * a50:.3f}", "update_apply_p99_ms": f"{1e3 * a99:.3f}",
+                "update_apply_max_ms": f"{1e3 * a_worst:.3f}", "updates_stale_skipped": str(self._stale_skipped),
                 "state_saves": str(self._saver.saves if self._saver is not None else 0)}
 
     def last_request(self) -> tuple[int, tuple[np.ndarray, np.ndarray] | None]:
