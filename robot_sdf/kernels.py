@@ -234,20 +234,20 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
             # Built without winding-number support (the host refuses such calls; never read it).
             method = SIGN_NORMAL
     pseudo = method == SIGN_NORMAL and data >= 0
+    # The winding-number method of robot_sdf's sign data (the mesh supports winding numbers:
+    # checked above).
+    winding = method == SIGN_WINDING_NUMBER and data >= 0
 
     inside = float(1.0)
     face = int(0)
     u = float(0.0)
     v = float(0.0)
     hit = bool(False)
-    if pseudo:
+    # Warp's unsigned query serves `normal` and `winding_number`; the winding number itself is
+    # evaluated at one call site below for hits and deep centres alike (each inlined copy of
+    # Warp's traversal costs instruction cache in this one large CPU kernel).
+    if pseudo or winding:
         hit = wp.mesh_query_point_no_sign(mesh, p, bound, face, u, v)
-    elif method == SIGN_WINDING_NUMBER and data >= 0:
-        # Warp's winding-number query, with the cheaper inside test (the mesh supports winding
-        # numbers: checked above).
-        hit = wp.mesh_query_point_no_sign(mesh, p, bound, face, u, v)
-        if hit and winding_inside(mesh, p):
-            inside = -1.0
     else:
         hit, inside, face, u, v = query_closest(mesh, p, bound, method)
     deep = bool(False)
@@ -257,12 +257,12 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
         if data >= 0:
             lo = m.velocities[data]
             hi = m.velocities[data + 1]
-            winding = m.velocities[data + 3]
-            if method == SIGN_WINDING_NUMBER and winding[1] == 0.0:
+            winding_info = m.velocities[data + 3]
+            if winding and winding_info[1] == 0.0:
                 # Not a closed surface: its winding number may pass 0.5 outside the box, but
                 # |w| <= A / (4 pi d^2) with d the distance to the surface, which is at least
                 # the search bound and at least the distance to the box.
-                if centre_dist > winding[0]:
+                if centre_dist > winding_info[0]:
                     return found, sd, grad
                 box_gap = wp.length(wp.max(wp.max(lo - p, p - hi), wp.vec3(0.0, 0.0, 0.0)))
                 far = wp.max(bound, box_gap)
@@ -273,13 +273,14 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
         elif bounding_radius > 0.0 and centre_dist > bounding_radius:
             return found, sd, grad
         deep = True
-        search = UNBOUNDED
-        if method == SIGN_WINDING_NUMBER:
-            if not winding_inside(mesh, p):
-                return found, sd, grad
+    if winding:
+        if winding_inside(mesh, p):
             inside = -1.0
-            hit = wp.mesh_query_point_no_sign(mesh, p, UNBOUNDED, face, u, v)
-        elif pseudo:
+        elif deep:
+            return found, sd, grad
+    if deep:
+        search = UNBOUNDED
+        if pseudo:
             # Closed shell: the first surface a ray meets is entered from outside (front face)
             # or left from inside (back face). A hit near an edge, where a ray may only graze,
             # leaves it to the exact closest-feature test below.
@@ -296,6 +297,7 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
                     return found, sd, grad
                 # Inside: the closest surface point is no farther than the hit.
                 search = t_hit * 1.001 + 1.0e-6
+        if pseudo or winding:
             hit = wp.mesh_query_point_no_sign(mesh, p, search, face, u, v)
         else:
             hit, inside, face, u, v = query_closest(mesh, p, UNBOUNDED, method)
