@@ -84,17 +84,25 @@ def winding_number(mesh: wp.uint64, p: wp.vec3, accuracy: float) -> float:
 def winding_inside(mesh: wp.uint64, p: wp.vec3) -> bool:
     """Warp's winding-number sign (inside above WINDING_THRESHOLD at WINDING_ACCURACY), from the
     coarsest evaluation that is clear of the threshold by its margin."""
-    coarsest = winding_number(mesh, p, COARSEST_WINDING_ACCURACY)
-    if coarsest < WINDING_THRESHOLD - COARSEST_WINDING_SETTLED:
-        return False
-    if coarsest > WINDING_THRESHOLD + COARSEST_WINDING_SETTLED:
-        return True
-    coarse = winding_number(mesh, p, COARSE_WINDING_ACCURACY)
-    if coarse < WINDING_THRESHOLD - WINDING_SETTLED:
-        return False
-    if coarse > WINDING_THRESHOLD + WINDING_SETTLED:
-        return True
-    return winding_number(mesh, p, WINDING_ACCURACY) > WINDING_THRESHOLD
+    # One loop over the tiers, so that Warp's traversal is inlined once (not three times) into
+    # the large CPU kernels; the last tier has no margin and always decides.
+    accuracy = COARSEST_WINDING_ACCURACY
+    margin = COARSEST_WINDING_SETTLED
+    while True:
+        w = winding_number(mesh, p, accuracy)
+        if w < WINDING_THRESHOLD - margin:
+            return False
+        if w > WINDING_THRESHOLD + margin:
+            return True
+        if margin == 0.0:
+            return False
+        if accuracy == COARSEST_WINDING_ACCURACY:
+            accuracy = COARSE_WINDING_ACCURACY
+            margin = WINDING_SETTLED
+        else:
+            accuracy = WINDING_ACCURACY
+            margin = 0.0
+    return False
 
 
 @wp.func
