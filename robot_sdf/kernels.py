@@ -46,21 +46,20 @@ REACH_SLACK = wp.constant(1.0e-5)
 # Warp's default accuracy of the fast winding number and the inside threshold of its sign.
 WINDING_ACCURACY = wp.constant(2.0)
 WINDING_THRESHOLD = wp.constant(0.5)
-# The inside test evaluates the winding number at this coarser accuracy first (about half the
-# cost near a surface) and settles the sign when it is farther than WINDING_SETTLED from the
-# threshold; closer, it is re-evaluated at WINDING_ACCURACY, so the sign is Warp's own. The two
-# accuracies differed by at most 0.043 over 1.6 M points around the hard-mesh corpus and the
-# perception scan (docs/sign_methods.md), under a third of the margin.
-COARSE_WINDING_ACCURACY = wp.constant(1.5)
-WINDING_SETTLED = wp.constant(0.15)
-# A first, coarsest tier: accuracy 1.25 costs about 60 % of 1.5 near a surface and 70 % in free
-# space around the perception scan of bench/core_bench.py, where every free-space sphere within
-# the winding radius pays one evaluation. It settles the sign farther than 0.25 from the
-# threshold; accuracy 1.25 and 2.0 differed by at most 0.084 (sliver box; capsule 0.083,
-# perception scan 0.070) over 3 M points in, around and near every corpus mesh (a safety factor
-# of 3, the 1.5 tier's is 3.5). Accuracy 1.0 is no option: it differed by up to 0.78.
+# The inside test (winding_inside) evaluates the winding number in tiers of rising accuracy and
+# settles the sign at the first tier that is clear of the threshold by its margin; the last tier
+# is WINDING_ACCURACY, so the sign is Warp's own wherever each coarse accuracy stays within its
+# margin of it. Measured over 3 M points in, around and near every hard-mesh corpus mesh and the
+# perception scan of bench/core_bench.py (docs/sign_methods.md; test/sign_test.py checks half
+# the margin): accuracy 1.5 differed from 2.0 by at most 0.043 (capsule; margin 0.15, a safety
+# factor of 3.5), accuracy 1.25 by at most 0.084 (sliver box; capsule 0.083, perception scan
+# 0.070; margin 0.25, a factor of 3). Accuracy 1.0 is no option: it differed by up to 0.78.
+# Per evaluation 1.25 costs about 60 % of 1.5 near a surface and 70 % in free space around the
+# perception scan, where every free-space sphere within the winding radius pays one.
 COARSEST_WINDING_ACCURACY = wp.constant(1.25)
 COARSEST_WINDING_SETTLED = wp.constant(0.25)
+COARSE_WINDING_ACCURACY = wp.constant(1.5)
+WINDING_SETTLED = wp.constant(0.15)
 SIGN_DATA_MAGIC = wp.constant(7.0e5)  # robot_sdf.mesh_analysis.SIGN_DATA_MAGIC
 # Direction of the ray that tells a deep point of a closed shell inside from outside (oblique so
 # that it rarely runs along an axis-aligned edge of a CAD mesh).
