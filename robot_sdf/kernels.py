@@ -46,11 +46,18 @@ REACH_SLACK = wp.constant(1.0e-5)
 # Warp's default accuracy of the fast winding number and the inside threshold of its sign.
 WINDING_ACCURACY = wp.constant(2.0)
 WINDING_THRESHOLD = wp.constant(0.5)
-# The inside test evaluates the winding number at this coarser accuracy first (about half the
-# cost near a surface) and settles the sign when it is farther than WINDING_SETTLED from the
-# threshold; closer, it is re-evaluated at WINDING_ACCURACY, so the sign is Warp's own. The two
-# accuracies differed by at most 0.043 over 1.6 M points around the hard-mesh corpus and the
-# perception scan (docs/sign_methods.md), under a third of the margin.
+# The inside test (winding_inside) evaluates the winding number in tiers of rising accuracy and
+# settles the sign at the first tier that is clear of the threshold by its margin; the last tier
+# is WINDING_ACCURACY, so the sign is Warp's own wherever each coarse accuracy stays within its
+# margin of it. Measured over 3 M points in, around and near every hard-mesh corpus mesh and the
+# perception scan of bench/core_bench.py (docs/sign_methods.md; test/sign_test.py checks half
+# the margin): accuracy 1.5 differed from 2.0 by at most 0.043 (capsule; margin 0.15, a safety
+# factor of 3.5), accuracy 1.25 by at most 0.084 (sliver box; capsule 0.083, perception scan
+# 0.070; margin 0.25, a factor of 3). Accuracy 1.0 is no option: it differed by up to 0.78.
+# Per evaluation 1.25 costs about 60 % of 1.5 near a surface and 70 % in free space around the
+# perception scan, where every free-space sphere within the winding radius pays one.
+COARSEST_WINDING_ACCURACY = wp.constant(1.25)
+COARSEST_WINDING_SETTLED = wp.constant(0.25)
 COARSE_WINDING_ACCURACY = wp.constant(1.5)
 WINDING_SETTLED = wp.constant(0.15)
 SIGN_DATA_MAGIC = wp.constant(7.0e5)  # robot_sdf.mesh_analysis.SIGN_DATA_MAGIC
@@ -75,13 +82,26 @@ def winding_number(mesh: wp.uint64, p: wp.vec3, accuracy: float) -> float:
 @wp.func
 def winding_inside(mesh: wp.uint64, p: wp.vec3) -> bool:
     """Warp's winding-number sign (inside above WINDING_THRESHOLD at WINDING_ACCURACY), from the
-    coarser evaluation wherever that one is clear of the threshold."""
-    coarse = winding_number(mesh, p, COARSE_WINDING_ACCURACY)
-    if coarse < WINDING_THRESHOLD - WINDING_SETTLED:
-        return False
-    if coarse > WINDING_THRESHOLD + WINDING_SETTLED:
-        return True
-    return winding_number(mesh, p, WINDING_ACCURACY) > WINDING_THRESHOLD
+    coarsest evaluation that is clear of the threshold by its margin."""
+    # One loop over the tiers, so that Warp's traversal is inlined once (not three times) into
+    # the large CPU kernels; the last tier has no margin and always decides.
+    accuracy = COARSEST_WINDING_ACCURACY
+    margin = COARSEST_WINDING_SETTLED
+    while True:
+        w = winding_number(mesh, p, accuracy)
+        if w < WINDING_THRESHOLD - margin:
+            return False
+        if w > WINDING_THRESHOLD + margin:
+            return True
+        if margin == 0.0:
+            return False
+        if accuracy == COARSEST_WINDING_ACCURACY:
+            accuracy = COARSE_WINDING_ACCURACY
+            margin = WINDING_SETTLED
+        else:
+            accuracy = WINDING_ACCURACY
+            margin = 0.0
+    return False
 
 
 @wp.func
@@ -234,20 +254,20 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
             # Built without winding-number support (the host refuses such calls; never read it).
             method = SIGN_NORMAL
     pseudo = method == SIGN_NORMAL and data >= 0
+    # The winding-number method of robot_sdf's sign data (the mesh supports winding numbers:
+    # checked above).
+    winding = method == SIGN_WINDING_NUMBER and data >= 0
 
     inside = float(1.0)
     face = int(0)
     u = float(0.0)
     v = float(0.0)
     hit = bool(False)
-    if pseudo:
+    # Warp's unsigned query serves `normal` and `winding_number`; the winding number itself is
+    # evaluated at one call site below for hits and deep centres alike (each inlined copy of
+    # Warp's traversal costs instruction cache in this one large CPU kernel).
+    if pseudo or winding:
         hit = wp.mesh_query_point_no_sign(mesh, p, bound, face, u, v)
-    elif method == SIGN_WINDING_NUMBER and data >= 0:
-        # Warp's winding-number query, with the cheaper inside test (the mesh supports winding
-        # numbers: checked above).
-        hit = wp.mesh_query_point_no_sign(mesh, p, bound, face, u, v)
-        if hit and winding_inside(mesh, p):
-            inside = -1.0
     else:
         hit, inside, face, u, v = query_closest(mesh, p, bound, method)
     deep = bool(False)
@@ -257,12 +277,12 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
         if data >= 0:
             lo = m.velocities[data]
             hi = m.velocities[data + 1]
-            winding = m.velocities[data + 3]
-            if method == SIGN_WINDING_NUMBER and winding[1] == 0.0:
+            winding_info = m.velocities[data + 3]
+            if winding and winding_info[1] == 0.0:
                 # Not a closed surface: its winding number may pass 0.5 outside the box, but
                 # |w| <= A / (4 pi d^2) with d the distance to the surface, which is at least
                 # the search bound and at least the distance to the box.
-                if centre_dist > winding[0]:
+                if centre_dist > winding_info[0]:
                     return found, sd, grad
                 box_gap = wp.length(wp.max(wp.max(lo - p, p - hi), wp.vec3(0.0, 0.0, 0.0)))
                 far = wp.max(bound, box_gap)
@@ -273,13 +293,14 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
         elif bounding_radius > 0.0 and centre_dist > bounding_radius:
             return found, sd, grad
         deep = True
-        search = UNBOUNDED
-        if method == SIGN_WINDING_NUMBER:
-            if not winding_inside(mesh, p):
-                return found, sd, grad
+    if winding:
+        if winding_inside(mesh, p):
             inside = -1.0
-            hit = wp.mesh_query_point_no_sign(mesh, p, UNBOUNDED, face, u, v)
-        elif pseudo:
+        elif deep:
+            return found, sd, grad
+    if deep:
+        search = UNBOUNDED
+        if pseudo:
             # Closed shell: the first surface a ray meets is entered from outside (front face)
             # or left from inside (back face). A hit near an edge, where a ray may only graze,
             # leaves it to the exact closest-feature test below.
@@ -296,6 +317,7 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
                     return found, sd, grad
                 # Inside: the closest surface point is no farther than the hit.
                 search = t_hit * 1.001 + 1.0e-6
+        if pseudo or winding:
             hit = wp.mesh_query_point_no_sign(mesh, p, search, face, u, v)
         else:
             hit, inside, face, u, v = query_closest(mesh, p, UNBOUNDED, method)

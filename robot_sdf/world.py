@@ -65,6 +65,7 @@ class _Geometry:
         self.triangles = np.array(triangles, dtype=np.int32, copy=True)
         self.vertices.setflags(write=False)
         self.triangles.setflags(write=False)
+        self.triangles_digest = _triangles_digest(self.triangles)
         v64 = self.vertices.astype(np.float64)
         self.centre = 0.5 * (v64.min(axis=0) + v64.max(axis=0))
         centred = self._centred(self.vertices)
@@ -105,29 +106,60 @@ class _Geometry:
         self.mesh = mesh
         register_mesh(self.mesh.id, self.winding_number)
         self.users = 0
+        # Made at the first refit and kept: a stream of refits then skips the topology work.
+        self.sign_writer: mesh_analysis.SignDataWriter | None = None
+        self._refit_prepare_lock = threading.Lock()  # one scratch set per writer
 
     def _centred(self, vertices: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(vertices.astype(np.float64) - self.centre, dtype=np.float32)
 
-    def prepare_refit(self, vertices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The numpy part of a refit (centred float32 points (V,3), sign data), computed while
-        queries still run: only ``refit`` needs them held off."""
-        centred = self._centred(vertices)
-        return centred, mesh_analysis.sign_data(centred, self.triangles, self.winding_number, self.method,
-                                                self.welded)
+    def prepare_refit(self, vertices: np.ndarray) -> tuple:
+        """Everything of a refit that can run while queries still read this geometry: the new
+        centred points and their sign data, staged in arrays of their own by Warp kernels
+        (mesh_analysis.SignDataWriter), with the new bounding and winding radii.
 
-    def refit(self, vertices: np.ndarray, prepared: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        ``vertices`` (V,3) float32, C-contiguous (validated). Few calls that release the GIL: in
+        the node each one waits for the service threads to hand it back."""
+        dev = self.points.device
+        with self._refit_prepare_lock:
+            if self.sign_writer is None:
+                self.sign_writer = mesh_analysis.SignDataWriter(
+                    mesh_analysis.sign_topology(self.triangles, self.welded), dev)
+            if dev.is_cpu:  # views of numpy memory: no allocation or copy calls into Warp
+                host = (np.empty_like(vertices), np.empty((self.sign_writer.rows, 3), np.float32))
+                raw = mesh_analysis.host_array(vertices)
+                points, data = mesh_analysis.host_array(host[0]), mesh_analysis.host_array(host[1])
+            else:
+                host = None
+                raw = wp.array(vertices, dtype=wp.vec3, device=dev)
+                points = wp.empty(vertices.shape[0], dtype=wp.vec3, device=dev)
+                data = wp.empty(self.sign_writer.rows, dtype=wp.vec3, device=dev)
+            radius, winding_radius = self.sign_writer.write(raw, self.centre, points, data, self.winding_number,
+                                                            self.method)
+        return points, data, radius, winding_radius, host
+
+    def refit(self, vertices: np.ndarray, prepared: tuple | None = None) -> None:
         """New vertex positions, same topology: refit the BVH about the same centre (so a snapshot
-        taken before stays consistent) and recompute the sign data (``prepared``: the result of
-        prepare_refit(vertices), if already computed)."""
-        centred, data = prepared if prepared is not None else self.prepare_refit(vertices)
-        self.points.assign(wp.array(centred, dtype=wp.vec3, device=self.points.device))
-        self.mesh.refit()
-        self.velocities.assign(wp.array(data, dtype=wp.vec3, device=self.velocities.device))
+        taken before stays consistent) and swap in the new sign data (``prepared``: the result of
+        prepare_refit(vertices), if already computed). Callers hold readers off (MeshWorld)."""
+        points, data, radius, winding_radius, host = prepared if prepared is not None else self.prepare_refit(vertices)
+        if host is not None:
+            # CPU: the mesh takes the staged arrays (setting its points refits it); no reader
+            # runs meanwhile, so the old ones can go. The numpy memory stays referenced here.
+            self.mesh.points = points
+            self.mesh.velocities = data
+            self.points, self.velocities, self._host_arrays = points, data, host
+        else:
+            # CUDA: in place, ordered on Warp's stream after the evaluations queued so far
+            # (MeshWorld._sync_device_before_write); replacing the arrays would free memory
+            # that queued kernels may still read.
+            self.points.assign(points)
+            self.mesh.refit()
+            self.velocities.assign(data)
         self.vertices = np.array(vertices, dtype=np.float32, copy=True)
         self.vertices.setflags(write=False)
-        self.radius = geometry.bounding_radius(centred)
-        self.cull_radius = max(self.radius, float(data[-2, 0]) if data[-2, 1] == 0.0 else 0.0)
+        self.radius = radius
+        self.cull_radius = max(radius, 0.0 if self.sign_writer.topology.balanced else winding_radius)
 
     def info(self) -> dict:
         out = {"sign_method": self.method.name.lower(), "requested_sign_method": self.requested.name.lower(),
@@ -152,13 +184,34 @@ class _Slot:
     enabled: bool
 
 
-def _content_key(vertices: np.ndarray, triangles: np.ndarray, requested: SignMethod) -> bytes:
+def _triangles_digest(triangles: np.ndarray) -> bytes:
+    return hashlib.blake2b(np.ascontiguousarray(triangles, np.int32).tobytes(), digest_size=20).digest()
+
+
+def _content_key(vertices: np.ndarray, triangles: np.ndarray | bytes, requested: SignMethod) -> bytes:
+    """Identity of a geometry: requested sign method, vertices and triangles (or the triangles'
+    _triangles_digest, which a geometry keeps: a refit then hashes its vertices only)."""
     h = hashlib.blake2b(digest_size=20)
     h.update(bytes([int(requested)]))
     h.update(np.int64(vertices.shape[0]).tobytes())
-    h.update(vertices.tobytes())
-    h.update(triangles.tobytes())
+    h.update(triangles if isinstance(triangles, bytes) else _triangles_digest(triangles))
+    _hash_holding_gil(h, vertices.tobytes())
     return h.digest()
+
+
+# hashlib releases the GIL for every update of 2048 bytes or more; re-taking it costs up to a
+# switch interval while the node's service threads run. Small buffers go in pieces below that.
+_HASH_PIECE = 2047
+_HASH_PIECES_MAX = 64
+
+
+def _hash_holding_gil(h, data: bytes) -> None:
+    if len(data) > _HASH_PIECE * _HASH_PIECES_MAX:
+        h.update(data)  # big: the release is worth it
+        return
+    view = memoryview(data)
+    for start in range(0, len(data), _HASH_PIECE):
+        h.update(view[start:start + _HASH_PIECE])
 
 
 class _ReadWriteLock:
@@ -558,15 +611,22 @@ class MeshWorld:
         v = geometry.validate_vertices(vertices)
         p = None if pose is None else geometry.validate_pose(pose)
         with self._write_lock:
+            old = self._require(name, env).geometry
+        self._check_refit_shape(name, v, old)
+        geometry.check_area(v, old.triangles)
+        key = _content_key(v, old.triangles_digest, old.requested)
+        # The numpy part of an in-place refit runs before the writer lock, so pose and enable
+        # updates (and queries) wait only for the BVH refit itself. The geometry's triangles,
+        # centre and method never change, so the result stays valid if it is still the slot's.
+        prepared = old.prepare_refit(v) if old.users == 1 else None
+        with self._write_lock:
             slot = self._require(name, env)
-            old = slot.geometry
-            if v.shape != old.vertices.shape:
-                raise ValueError(
-                    f"update_vertices: {name!r} has {old.vertices.shape[0]} vertices, got {v.shape[0]}; "
-                    "use add_mesh to change topology"
-                )
-            geometry.check_area(v, old.triangles)
-            key = _content_key(v, old.triangles, old.requested)
+            if slot.geometry is not old:  # replaced meanwhile: check and prepare again, held
+                old = slot.geometry
+                self._check_refit_shape(name, v, old)
+                geometry.check_area(v, old.triangles)
+                key = _content_key(v, old.triangles_digest, old.requested)
+                prepared = None
             if p is not None:
                 slot.pose = p
             index = self._index(env, slot)
@@ -578,8 +638,8 @@ class MeshWorld:
             else:
                 # Readers must not run while the BVH is half refit. The sign method stays what it
                 # was (same topology); the centre too, so older snapshots keep their translation.
-                # The numpy work comes first, so queries are held off only for the refit itself.
-                prepared = old.prepare_refit(v)
+                if prepared is None:
+                    prepared = old.prepare_refit(v)
                 with self._refit_lock.write():
                     self._sync_device_before_write()
                     old.refit(v, prepared)
@@ -591,6 +651,14 @@ class MeshWorld:
                     self._mirror_slot(env, index)
                     return self._publish(pose=True)
             return self._publish(structural=True)
+
+    @staticmethod
+    def _check_refit_shape(name: str, v: np.ndarray, old: _Geometry) -> None:
+        if v.shape != old.vertices.shape:
+            raise ValueError(
+                f"update_vertices: {name!r} has {old.vertices.shape[0]} vertices, got {v.shape[0]}; "
+                "use add_mesh to change topology"
+            )
 
     # ------------------------------------------------------------------ checks
     def check_env(self, env) -> None:
@@ -671,6 +739,7 @@ class MeshWorld:
     def _release_geometry(self, geo: _Geometry) -> None:
         geo.users -= 1
         if geo.users == 0:
+            geo.sign_writer = None  # refit data of live geometries only: the cache holds less
             del self._geometries[geo.key]
             self._unused[geo.key] = geo
             self._cache_bytes += geometry_bytes(geo)

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 import trimesh
+import warp as wp
 
 import mesh_corpus as corpus
 import reference as ref
-from robot_sdf import MeshWorld, SignMethod
+from robot_sdf import MeshWorld, SignMethod, kernels
 from robot_sdf.io import sphere_mesh
 from robot_sdf.warp_primitives import SdfMeshWarpPy
 
@@ -287,22 +288,24 @@ def test_world_frame_mesh_is_recentred(device):
 
 
 # ------------------------------------------------------------ coarse winding number (kernels.py)
+@wp.kernel
+def _coarse_and_fine_winding(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), accuracy: float,
+                             coarse: wp.array(dtype=float), fine: wp.array(dtype=float)):
+    i = wp.tid()
+    coarse[i] = kernels.winding_number(mesh, pts[i], accuracy)
+    fine[i] = kernels.winding_number(mesh, pts[i], kernels.WINDING_ACCURACY)
+
+
+@pytest.mark.parametrize("tier", ["coarsest", "coarse"])
 @pytest.mark.parametrize("case", corpus.CORPUS, ids=lambda c: c.name)
-def test_coarse_winding_number_within_margin(case):
-    """The inside test decides from the winding number at COARSE_WINDING_ACCURACY unless it lies
-    within WINDING_SETTLED of 0.5; that keeps Warp's own sign only while the two accuracies differ
-    by less than the margin. Checked with room to spare (half the margin) on points in, around
-    and near every corpus mesh."""
-    import warp as wp
-
-    from robot_sdf import kernels
-
-    @wp.kernel
-    def both(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), coarse: wp.array(dtype=float),
-             fine: wp.array(dtype=float)):
-        i = wp.tid()
-        coarse[i] = kernels.winding_number(mesh, pts[i], kernels.COARSE_WINDING_ACCURACY)
-        fine[i] = kernels.winding_number(mesh, pts[i], kernels.WINDING_ACCURACY)
+def test_coarse_winding_number_within_margin(case, tier):
+    """The inside test decides from the winding number at COARSEST_WINDING_ACCURACY unless it lies
+    within COARSEST_WINDING_SETTLED of 0.5, then likewise at COARSE_WINDING_ACCURACY with
+    WINDING_SETTLED; that keeps Warp's own sign only while each coarse accuracy differs from
+    Warp's default by less than its margin. Checked with room to spare (half the margin) on
+    points in, around and near every corpus mesh."""
+    accuracy, margin = {"coarsest": (kernels.COARSEST_WINDING_ACCURACY, kernels.COARSEST_WINDING_SETTLED),
+                        "coarse": (kernels.COARSE_WINDING_ACCURACY, kernels.WINDING_SETTLED)}[tier]
 
     v, t = case.build()
     v = np.asarray(v, np.float32)
@@ -315,6 +318,7 @@ def test_coarse_winding_number_within_margin(case):
                    support_winding_number=True)
     coarse = wp.zeros(len(pts), dtype=float, device="cpu")
     fine = wp.zeros(len(pts), dtype=float, device="cpu")
-    wp.launch(both, len(pts), [mesh.id, wp.array(pts, dtype=wp.vec3, device="cpu"), coarse, fine], device="cpu")
+    wp.launch(_coarse_and_fine_winding, len(pts), [mesh.id, wp.array(pts, dtype=wp.vec3, device="cpu"), float(accuracy),
+                                                    coarse, fine], device="cpu")
     gap = np.abs(coarse.numpy() - fine.numpy())
-    assert gap.max() < 0.5 * kernels.WINDING_SETTLED, (case.name, float(gap.max()))
+    assert gap.max() < 0.5 * margin, (case.name, float(gap.max()))

@@ -440,6 +440,8 @@ class SdfServer(Node):
         pose_group = MutuallyExclusiveCallbackGroup()
         node = self._updates_node
         self._applied_latency = LatencyWindow()
+        self._received_latency = LatencyWindow()  # stamp -> subscription callback (DDS + executor)
+        self._apply_duration = LatencyWindow()  # the worker's time per update (validation to publish)
         self._mesh_updates = UpdateQueue(self._apply_queued_mesh_obstacle, self._on_update_error,
                                          max_pending_bytes=self.config.max_pending_update_mb * 2**20,
                                          nice=_UPDATE_WORKER_NICE)
@@ -642,6 +644,8 @@ class SdfServer(Node):
         """Subscription callback: O(1), only queues (the worker applies, see update_queue.py)."""
         nbytes = 4 * (len(msg.vertices) + len(msg.triangles)) + 48 * (len(msg.mesh.vertices) + len(msg.mesh.triangles))
         stamp = (int(msg.header.stamp.sec), int(msg.header.stamp.nanosec))
+        if stamp != (0, 0):
+            self._received_latency.record(time.time() - (stamp[0] + 1e-9 * stamp[1]))
         self._mesh_updates.put((int(msg.env), msg.id), msg, supersedable=msg.operation == MeshObstacle.ADD,
                                nbytes=nbytes, version=stamp if stamp != (0, 0) else None)
 
@@ -661,7 +665,10 @@ class SdfServer(Node):
                 if last is not None and stamp < last:
                     self._stale_skipped += 1
                     return
-        if self._guarded(what, lambda: self._apply_mesh_obstacle(msg, op)) and stamp != (0, 0):
+        started = time.perf_counter()
+        applied = self._guarded(what, lambda: self._apply_mesh_obstacle(msg, op))
+        self._apply_duration.record(time.perf_counter() - started)
+        if applied and stamp != (0, 0):
             with self._count_lock:
                 self._stamps[key] = stamp
                 if len(self._stamps) > _MAX_STAMPS:
@@ -863,11 +870,16 @@ class SdfServer(Node):
         """Counters of the mesh update queue and stamp -> applied latency percentiles."""
         q = self._mesh_updates.stats()
         p50, p99, worst = self._applied_latency.percentiles()
+        r50, r99, r_worst = self._received_latency.percentiles()
+        a50, a99, a_worst = self._apply_duration.percentiles()
         return {"updates_enqueued": str(q.enqueued), "updates_applied": str(q.applied),
                 "updates_coalesced": str(q.coalesced), "updates_pending": str(q.pending),
                 "updates_pending_bytes": str(q.pending_bytes), "updates_blocked": str(q.blocked),
                 "update_applied_p50_ms": f"{1e3 * p50:.3f}", "update_applied_p99_ms": f"{1e3 * p99:.3f}",
-                "update_applied_max_ms": f"{1e3 * worst:.3f}", "updates_stale_skipped": str(self._stale_skipped),
+                "update_applied_max_ms": f"{1e3 * worst:.3f}", "update_received_p50_ms": f"{1e3 * r50:.3f}",
+                "update_received_p99_ms": f"{1e3 * r99:.3f}", "update_received_max_ms": f"{1e3 * r_worst:.3f}",
+                "update_apply_p50_ms": f"{1e3 * a50:.3f}", "update_apply_p99_ms": f"{1e3 * a99:.3f}",
+                "update_apply_max_ms": f"{1e3 * a_worst:.3f}", "updates_stale_skipped": str(self._stale_skipped),
                 "state_saves": str(self._saver.saves if self._saver is not None else 0)}
 
     def last_request(self) -> tuple[int, tuple[np.ndarray, np.ndarray] | None]:
