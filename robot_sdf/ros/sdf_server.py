@@ -54,7 +54,7 @@ import torch
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from geometry_msgs.msg import PoseStamped
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor, SingleThreadedExecutor
 from rclpy.logging import LoggingSeverity
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -421,8 +421,8 @@ class SdfServer(Node):
         continuously, a subscription served by that loop waits behind the request callbacks
         (measured: a 10k-triangle ADD applied 50-60 ms after publishing instead of 13 ms). The
         companion keeps the ``~/`` topic names of this node (absolute names built from its fully
-        qualified name) and applies updates as they arrive; mesh and pose updates keep separate
-        callback groups so a pose never waits for a BVH build.
+        qualified name) and hands updates to the world as they arrive: a mesh update is queued for
+        the update worker (update_queue.py), so a pose never waits for a BVH build.
         """
         # Process-wide arguments (a `__node:=` remap in particular) are for this node only; the
         # companion subscribes to the names this node resolves, so topic remaps still apply.
@@ -452,7 +452,11 @@ class SdfServer(Node):
         for topic, targets in pose_topics.items():
             node.create_subscription(PoseStamped, self.resolve_topic_name(topic),
                                      self._pose_topic_callback(topic, targets), POSE_QOS, callback_group=pose_group)
-        self._updates_executor = MultiThreadedExecutor(num_threads=2, context=self._updates_context)
+        # One thread: the callbacks are short (a mesh update only enqueues, a pose writes one
+        # slot). A MultiThreadedExecutor here cost ~55 % of a core under the load soak, its
+        # dispatch loop waking again and again while a callback was in flight, and that time
+        # (and the GIL) was taken from the update worker and the services.
+        self._updates_executor = SingleThreadedExecutor(context=self._updates_context)
         self._updates_executor.add_node(node)
         self._updates_thread = threading.Thread(target=self._spin_world_updates, name="sdf_server_world_updates",
                                                 daemon=True)
