@@ -701,6 +701,43 @@ def run_stall(workdir: Path, domain: int, triangles: int = 1_000_000) -> dict:
         node.stop()
 
 
+def _descendants(pid: int) -> list[int]:
+    """Pids of every process below ``pid`` (from /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _start_watchdog(seconds: float) -> None:
+    """Bound the whole run: some phases wait for the middleware (a publisher matching, a node
+    answering) without a deadline of their own; past ``seconds`` every process this run
+    started is SIGKILLed by pid and the run exits with status 2."""
+    def abort() -> None:
+        print(f"\nsoak aborted: still running after {seconds:.0f} s (--timeout); killing child processes",
+              flush=True)
+        for pid in _descendants(os.getpid()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        os._exit(2)
+
+    timer = threading.Timer(seconds, abort)
+    timer.daemon = True
+    timer.start()
+
+
 def main(argv=None) -> int:
     if argv is None:
         argv = sys.argv[1:]
@@ -717,7 +754,11 @@ def main(argv=None) -> int:
     parser.add_argument("--burst", type=int, default=1000)
     parser.add_argument("--only", nargs="+", choices=("load", "faults", "burst", "memory", "stall"),
                         default=["load", "faults", "burst", "memory", "stall"])
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds after which the whole run is aborted, every child process killed by pid "
+                             "and the exit status is 2 (default: duration + 900)")
     args = parser.parse_args(argv)
+    _start_watchdog(args.timeout if args.timeout is not None else args.duration + 900.0)
     os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
     domain = 1 + (os.getpid() * 17 + 29) % 100
     os.environ["ROS_DOMAIN_ID"] = str(domain)
