@@ -78,8 +78,11 @@ class _Geometry:
         self.indices = wp.array(self.triangles.reshape(-1), dtype=wp.int32, device=wdev)
         # Sign data first (its flags entry is rewritten once auto has chosen), so that the mesh
         # auto builds for its self-intersection test can be kept when it chooses normal.
+        # Kept while the geometry is in use: a refit reuses it (weld groups, edge indices).
+        self.sign_topology: mesh_analysis.SignTopology | None = mesh_analysis.sign_topology(self.triangles,
+                                                                                           self.welded)
         data = mesh_analysis.sign_data(centred, self.triangles, requested == SignMethod.WINDING_NUMBER,
-                                       requested, self.welded)
+                                       requested, topology=self.sign_topology)
         self.velocities = wp.array(data, dtype=wp.vec3, device=wdev)
         mesh = None
         method = requested
@@ -106,7 +109,7 @@ class _Geometry:
         self.mesh = mesh
         register_mesh(self.mesh.id, self.winding_number)
         self.users = 0
-        # Made at the first refit and kept: a stream of refits then skips the topology work.
+        # Device arrays of the topology and scratch sums, made at the first refit and kept.
         self.sign_writer: mesh_analysis.SignDataWriter | None = None
         self._refit_prepare_lock = threading.Lock()  # one scratch set per writer
 
@@ -123,8 +126,9 @@ class _Geometry:
         dev = self.points.device
         with self._refit_prepare_lock:
             if self.sign_writer is None:
-                self.sign_writer = mesh_analysis.SignDataWriter(
-                    mesh_analysis.sign_topology(self.triangles, self.welded), dev)
+                if self.sign_topology is None:  # dropped while the geometry sat in the cache
+                    self.sign_topology = mesh_analysis.sign_topology(self.triangles, self.welded)
+                self.sign_writer = mesh_analysis.SignDataWriter(self.sign_topology, dev)
             if dev.is_cpu:  # views of numpy memory: no allocation or copy calls into Warp
                 host = (np.empty_like(vertices), np.empty((self.sign_writer.rows, 3), np.float32))
                 raw = mesh_analysis.host_array(vertices)
@@ -739,7 +743,7 @@ class MeshWorld:
     def _release_geometry(self, geo: _Geometry) -> None:
         geo.users -= 1
         if geo.users == 0:
-            geo.sign_writer = None  # refit data of live geometries only: the cache holds less
+            geo.sign_writer = geo.sign_topology = None  # refit data of live geometries only
             del self._geometries[geo.key]
             self._unused[geo.key] = geo
             self._cache_bytes += geometry_bytes(geo)
