@@ -104,14 +104,6 @@ def _face_normals(v64: np.ndarray, tri: np.ndarray) -> tuple[np.ndarray, np.ndar
     return unit, area2
 
 
-def _normalise_rows(x: np.ndarray) -> np.ndarray:
-    """Rows of x (N,3) scaled to unit length; zero rows stay zero."""
-    length = np.sqrt(np.einsum("ij,ij->i", x, x))[:, None]
-    out = np.zeros_like(x)
-    np.divide(x, length, out=out, where=length > 0.0)
-    return out
-
-
 def _edge_keys(welded_tri: np.ndarray, n_vertices: int) -> np.ndarray:
     """(T,3) undirected key of edge k (corners k, k+1) of each triangle."""
     lo = np.minimum(welded_tri, np.roll(welded_tri, -1, axis=1))
@@ -122,9 +114,8 @@ def _edge_keys(welded_tri: np.ndarray, n_vertices: int) -> np.ndarray:
 @dataclass(frozen=True)
 class SignTopology:
     """The part of the sign data that depends only on the triangles and the weld: computed once
-    per geometry and reused by every refit (same topology, new vertex positions), so that a
-    refit's sign data is a handful of vectorised passes. Compact (int32, 24 bytes per triangle);
-    the flattened scatter indices are derived per call."""
+    per geometry (at build) and reused by every refit (same topology, new vertex positions),
+    whose sign data is then only SignDataWriter's kernels. Compact: int32, 24 bytes per triangle."""
 
     triangles: np.ndarray       # (T,3) int32
     welded: np.ndarray          # (V,) first vertex at the same position (weld)
@@ -133,34 +124,19 @@ class SignTopology:
     n_edges: int
     balanced: bool              # every welded edge used as often in each direction
 
-    @property
-    def nbytes(self) -> int:
-        return self.welded_corner.nbytes + self.edge_of_corner.nbytes
-
 
 def sign_topology(triangles: np.ndarray, welded: np.ndarray) -> SignTopology:
     tri = np.asarray(triangles, np.int64).reshape(-1, 3)
     wt = welded[tri]
     unique, inverse = _unique(_edge_keys(wt, welded.shape[0]).reshape(-1), return_inverse=True)
+    # Closed in the winding-number sense (integer winding number everywhere): every welded edge
+    # is used as often in one direction as in the other. Collapsed edges count for neither.
+    # bincount, not np.add.at (which holds the GIL); sums of +-1 are exact in float64.
+    direction = np.sign(np.roll(wt, -1, axis=1) - wt).reshape(-1).astype(np.float64)
+    balance = np.bincount(inverse, weights=direction, minlength=unique.shape[0])
     return SignTopology(triangles=np.asarray(triangles, np.int32).reshape(-1, 3), welded=welded,
                         welded_corner=wt.reshape(-1).astype(np.int32), edge_of_corner=inverse.astype(np.int32),
-                        n_edges=int(unique.shape[0]), balanced=balanced_edges(tri, welded))
-
-
-def balanced_edges(triangles: np.ndarray, welded: np.ndarray) -> bool:
-    """True when every (welded) edge is used as often in one direction as in the other: the
-    surface is closed in the winding-number sense (integer winding number everywhere)."""
-    wt = welded[np.asarray(triangles, np.int64)]
-    n = np.int64(welded.shape[0])
-    a, b = wt.reshape(-1), np.roll(wt, -1, axis=1).reshape(-1)
-    keep = a != b
-    a, b = a[keep], b[keep]
-    key = np.minimum(a, b) * n + np.maximum(a, b)
-    direction = np.where(a < b, 1, -1)
-    uniq, inverse = _unique(key, return_inverse=True)
-    # bincount, not np.add.at (which holds the GIL); sums of +-1 are exact in float64
-    balance = np.bincount(inverse, weights=direction.astype(np.float64), minlength=uniq.shape[0])
-    return bool(np.all(balance == 0))
+                        n_edges=int(unique.shape[0]), balanced=bool(np.all(balance == 0)))
 
 
 # ---------------------------------------------------------------------------------------- sign data
@@ -170,6 +146,12 @@ def balanced_edges(triangles: np.ndarray, welded: np.ndarray) -> bool:
 # measured on an 1800-triangle refit with 3 busy Python threads, 19 ms (numpy) against 6 ms.
 # On the CPU the passes run serially, in triangle order, so the sums are deterministic.
 STAT_AREA2, STAT_RADIUS2, STAT_SLIVERS = 0, 1, 2
+
+
+@wp.func
+def centre_point(i: int, raw: wp.array(dtype=wp.vec3), centre: wp.vec3d, points: wp.array(dtype=wp.vec3)):
+    """points[i] = raw[i] - centre, evaluated in float64 and rounded once (as the geometry's build does)."""
+    points[i] = wp.vec3(wp.vec3d(raw[i]) - centre)
 
 
 @wp.func
@@ -345,9 +327,7 @@ def write_sign_extras_kernel(
 
 @wp.kernel
 def centre_points_kernel(raw: wp.array(dtype=wp.vec3), centre: wp.vec3d, points: wp.array(dtype=wp.vec3)):
-    """points = raw - centre, evaluated in float64 and rounded once (as the geometry's build does)."""
-    i = wp.tid()
-    points[i] = wp.vec3(wp.vec3d(raw[i]) - centre)
+    centre_point(wp.tid(), raw, centre, points)
 
 
 @wp.kernel
@@ -372,7 +352,7 @@ def sign_data_serial_kernel(
     """points = raw - centre, then all passes, in one launch of one thread: for the CPU, where
     Warp runs a launch serially anyway and every launch is one more release and re-take of the GIL."""
     for i in range(points.shape[0]):
-        points[i] = wp.vec3(wp.vec3d(raw[i]) - centre)
+        centre_point(i, raw, centre, points)
     for i in range(wp.max(wp.max(vertex_sum.shape[0], edge_sum.shape[0]), 1)):
         clear_sign_sums(i, vertex_sum, edge_sum, stats, box)
     n_triangles = triangles.shape[0] // 3

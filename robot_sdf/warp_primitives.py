@@ -172,11 +172,7 @@ class _CpuCall:
         never pass those positions to set_flats or set_values)."""
         if values is self.constants:
             return
-        struct, last, names = self.struct, self.last, self.names
-        for i, value in zip(positions, values):
-            if value is not last[i]:
-                setattr(struct, names[i], value)
-                last[i] = value
+        self.set_values(positions, values)
         self.constants = values
 
     def set_flats(self, positions: tuple, tensors: tuple) -> None:
@@ -193,7 +189,7 @@ class _CpuCall:
                 last[i] = _FLAT
 
     def set_values(self, positions: tuple, values: tuple) -> None:
-        """Write numbers to the scalar arguments at ``positions``."""
+        """Write ``values`` (numbers, or descriptors) to the arguments at ``positions``."""
         struct, last, names = self.struct, self.last, self.names
         for i, value in zip(positions, values):
             if value is not last[i]:

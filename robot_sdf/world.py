@@ -616,9 +616,7 @@ class MeshWorld:
         p = None if pose is None else geometry.validate_pose(pose)
         with self._write_lock:
             old = self._require(name, env).geometry
-        self._check_refit_shape(name, v, old)
-        geometry.check_area(v, old.triangles)
-        key = _content_key(v, old.triangles_digest, old.requested)
+        key = self._refit_key(name, v, old)
         # The numpy part of an in-place refit runs before the writer lock, so pose and enable
         # updates (and queries) wait only for the BVH refit itself. The geometry's triangles,
         # centre and method never change, so the result stays valid if it is still the slot's.
@@ -627,9 +625,7 @@ class MeshWorld:
             slot = self._require(name, env)
             if slot.geometry is not old:  # replaced meanwhile: check and prepare again, held
                 old = slot.geometry
-                self._check_refit_shape(name, v, old)
-                geometry.check_area(v, old.triangles)
-                key = _content_key(v, old.triangles_digest, old.requested)
+                key = self._refit_key(name, v, old)
                 prepared = None
             if p is not None:
                 slot.pose = p
@@ -657,12 +653,15 @@ class MeshWorld:
             return self._publish(structural=True)
 
     @staticmethod
-    def _check_refit_shape(name: str, v: np.ndarray, old: _Geometry) -> None:
+    def _refit_key(name: str, v: np.ndarray, old: _Geometry) -> bytes:
+        """Content key of ``old``'s topology with vertices ``v`` (V,3), after checking that they fit it."""
         if v.shape != old.vertices.shape:
             raise ValueError(
                 f"update_vertices: {name!r} has {old.vertices.shape[0]} vertices, got {v.shape[0]}; "
                 "use add_mesh to change topology"
             )
+        geometry.check_area(v, old.triangles)
+        return _content_key(v, old.triangles_digest, old.requested)
 
     # ------------------------------------------------------------------ checks
     def check_env(self, env) -> None:
