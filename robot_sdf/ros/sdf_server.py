@@ -53,6 +53,8 @@ except ImportError:  # pragma: no cover - other rclpy layouts: the ordinary logg
 import torch
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from geometry_msgs.msg import PoseStamped
+from rclpy.clock import JumpThreshold
+from rclpy.duration import Duration
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor, SingleThreadedExecutor
 from rclpy.logging import LoggingSeverity
@@ -68,8 +70,9 @@ from robot_sdf.memory import TrimScheduler, limit_malloc_arenas
 from robot_sdf.state import SCENE_FILE, StateSaver, WorldStore, restore_world
 from robot_sdf.requests import CostResult, RequestError, RequestSettings, RequestTranslator  # noqa: F401
 from robot_sdf.ros import conversions as conv
-from robot_sdf.ros.frames import (FrameResolver, LookupFailed, StaticTransforms, Tf2Buffer, compose,
-                                  parse_static_transforms, stamp_to_ns, tf2_available)
+from robot_sdf.ros.frames import (JUMP_BACK_NS, FrameResolver, LookupFailed, Tf2Buffer, TopicTransformBuffer,
+                                  TransformCache, TransformPending, compose, parse_static_transforms, stamp_to_ns,
+                                  tf2_available)
 from robot_sdf.ros.health import HealthMonitor
 from robot_sdf.ros.markers import MarkerState
 from robot_sdf.ros.parameters import (DYNAMIC_PARAMETERS, PARAMETER_NAMES, ConfigError, ServerConfig, current_values,
@@ -95,6 +98,8 @@ _UPDATE_WORKER_NICE = 0
 GIL_SWITCH_INTERVAL_S = 0.001
 # glibc malloc arenas of the node's process (see use_node_switch_interval).
 NODE_MALLOC_ARENAS = 2
+# How often updates held for a transform that is just not there yet are retried [s].
+_HELD_RETRY_S = 0.005
 # Update stamps kept per (env, id) (for skipping replays) before those of removed ids are pruned.
 _MAX_STAMPS = 100_000
 MESH_QOS = conv.MESH_OBSTACLE_QOS
@@ -116,6 +121,15 @@ MARKER_QOS = QoSProfile(depth=MARKER_HISTORY, history=HistoryPolicy.KEEP_LAST,
                         durability=DurabilityPolicy.TRANSIENT_LOCAL)
 # run-time parameter -> the periodic publisher whose timer it sets
 _RATE_PARAMETERS = {"marker_rate_hz": "markers", "slice_rate_hz": "slice", "diagnostics_rate_hz": "diagnostics"}
+
+
+class _RetryHeld:
+    """Queued in the update queue: retry the held updates of ``key`` on the worker."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key) -> None:
+        self.key = key
 
 
 class RejectedInput(ValueError):
@@ -224,8 +238,8 @@ class SdfServer(Node):
         self.config: ServerConfig | None = None
         self.world: MeshWorld | None = None
         self._frames: FrameResolver | None = None
-        self._tf: Tf2Buffer | None = None
-        self._tf_notice_logged = False
+        self._tf: Tf2Buffer | TopicTransformBuffer | None = None
+        self._jump_handle = None
         self._active = False
         self._server_timers: dict[str, Any] = {}
         self._server_services: list = []
@@ -276,6 +290,12 @@ class SdfServer(Node):
     def activate_server(self) -> None:
         """Open the transform lookup, the update subscriptions, publishers, timers and services."""
         self._frames.buffer = self._open_transforms()
+        # A jump back in (simulated) time -- a bag played in a loop, a simulator reset -- makes the
+        # stamps of applied updates meaningless: forget them, or every update of the next loop
+        # would be skipped as a replay. tf forgets its transforms on the same event.
+        threshold = JumpThreshold(min_forward=None, min_backward=Duration(nanoseconds=-JUMP_BACK_NS),
+                                  on_clock_change=True)
+        self._jump_handle = self.get_clock().create_jump_callback(threshold, post_callback=self._on_time_jump)
         self._start_world_updates(self._pose_topics)
         self._create_outputs_and_services()
         self._active = True
@@ -293,6 +313,9 @@ class SdfServer(Node):
             self.destroy_publisher(pub)
         self._stop_world_updates()
         self._close_transforms()
+        if self._jump_handle is not None:
+            self._jump_handle.unregister()
+            self._jump_handle = None
         self.get_logger().info("inactive: services, topics and tf closed; the world is kept")
 
     def cleanup_server(self) -> None:
@@ -305,20 +328,34 @@ class SdfServer(Node):
         self.config = None
 
     def _open_transforms(self):
-        """The transform buffer for incoming messages: tf2 (with static_transforms inserted) where
-        tf2_ros is installed, else the static_transforms alone (None when there are none)."""
+        """The transform buffer for incoming messages, on this node's clock: tf2 where tf2_ros is
+        installed, else the built-in TopicTransformBuffer; static_transforms are inserted into
+        either. Says at start which source is in use."""
         static = parse_static_transforms(self.config.static_transforms)
+        use_sim_time = bool(self.get_parameter("use_sim_time").value)
+        topics = {"tf_topic": self.resolve_topic_name("/tf"), "tf_static_topic": self.resolve_topic_name("/tf_static")}
         if tf2_available():
-            self._tf = Tf2Buffer(self.get_name(), self.get_namespace(), self.context, static)
-            return self._tf
-        if not self._tf_notice_logged:
-            self._tf_notice_logged = True
-            frames = sorted(StaticTransforms(static).frames() - {self.config.world_frame})
-            self.get_logger().info(
-                f"tf2_ros is not installed (pip-wheel setup): messages are accepted in world_frame "
-                f"'{self.config.world_frame}' and in the frames of static_transforms only "
-                f"({', '.join(frames) or 'none'})")
-        return StaticTransforms(static) if static else None
+            self._tf = Tf2Buffer(self.get_name(), self.get_namespace(), self.context, static, use_sim_time, **topics)
+            source = f"tf2 (tf2_ros) from {' and '.join(self._tf.topics)}"
+        else:
+            self._tf = TopicTransformBuffer(self.get_name(), self.get_namespace(), self.context, static,
+                                            use_sim_time, transforms_topic=self.resolve_topic_name("~/transforms"),
+                                            **topics)
+            source = (f"tf2_ros is not installed (pip-wheel setup): a built-in buffer with tf2's lookup rules, "
+                      f"fed from {' and '.join(self._tf.topics)}")
+        frames = sorted(TransformCache(static).frames() - {self.config.world_frame})
+        self.get_logger().info(
+            f"transforms: {source}; static_transforms: {', '.join(frames) or 'none'}; "
+            f"clock: {'simulated (use_sim_time)' if use_sim_time else 'system'}")
+        return self._tf
+
+    def _on_time_jump(self, jump) -> None:
+        with self._count_lock:
+            forgotten = len(self._stamps)
+            self._stamps.clear()
+        self.get_logger().warning(
+            f"the clock jumped back by {-jump.delta.nanoseconds / 1e9:.3f} s or changed its source (a bag loop, a "
+            f"simulator reset?): forgot the stamps of {forgotten} applied updates, so earlier stamps apply again")
 
     def _close_transforms(self) -> None:
         if self._tf is not None:
@@ -345,6 +382,9 @@ class SdfServer(Node):
         return SetParametersResult(successful=True)
 
     def _after_set_parameters(self, params) -> None:
+        for p in params:
+            if p.name == "use_sim_time" and self._tf is not None:  # the tf listener follows this node's clock
+                self._tf.set_use_sim_time(bool(p.value))
         changes = {p.name: p.value for p in params if p.name in DYNAMIC_PARAMETERS}
         if not changes or self.config is None:
             return  # an unconfigured node reads every value in configure_server()
@@ -445,6 +485,7 @@ class SdfServer(Node):
         self._mesh_updates = UpdateQueue(self._apply_queued_mesh_obstacle, self._on_update_error,
                                          max_pending_bytes=self.config.max_pending_update_mb * 2**20,
                                          nice=_UPDATE_WORKER_NICE)
+        self._start_held_retries()
         node.create_subscription(MeshObstacle, self.resolve_topic_name("~/mesh_obstacles"), self._on_mesh_obstacle,
                                  MESH_SUBSCRIPTION_QOS, callback_group=mesh_group)
         node.create_subscription(ObstaclePose, self.resolve_topic_name("~/obstacle_poses"), self._on_obstacle_pose,
@@ -482,6 +523,7 @@ class SdfServer(Node):
             self._updates_node.destroy_node()
             rclpy.try_shutdown(context=self._updates_context)
             self._updates_executor = None
+            self._stop_held_retries()
             self._mesh_updates.close(timeout=5.0)
 
     def _close_state(self) -> None:
@@ -527,7 +569,7 @@ class SdfServer(Node):
         import dataclasses
 
         world_frame = self.config.world_frame
-        static = StaticTransforms(parse_static_transforms(self.config.static_transforms))
+        static = TransformCache(parse_static_transforms(self.config.static_transforms))
         try:
             world_from_frame = static.lookup(world_frame, frame, None, 0.0)
         except LookupFailed as exc:
@@ -610,6 +652,8 @@ class SdfServer(Node):
         """Run one world update; log its outcome; never let an exception escape. True if applied."""
         try:
             done = apply()
+        except TransformPending:
+            raise  # the caller holds the update and retries it
         except _REFUSED as exc:
             self._reject(what, _reason(exc))
         except Exception as exc:  # noqa: BLE001 - a topic callback must not kill the node
@@ -653,14 +697,100 @@ class SdfServer(Node):
         self._mesh_updates.put((int(msg.env), msg.id), msg, supersedable=msg.operation == MeshObstacle.ADD,
                                nbytes=nbytes, version=stamp if stamp != (0, 0) else None)
 
-    def _apply_queued_mesh_obstacle(self, msg: MeshObstacle) -> None:
-        """Worker side: apply one MeshObstacle, log its outcome, record stamp -> applied latency.
+    # Updates whose stamp lies just ahead of the newest transform data (FrameResolver raises
+    # TransformPending) are held aside instead of holding the update worker in a waiting lookup:
+    # a mesh update holds its id (later updates of that id queue behind it, so each id keeps its
+    # order) until its transform arrives or tf_timeout passes; a pose is held as the latest of its
+    # target (a newer pose replaces it). A thread retries them every _HELD_RETRY_S, mesh updates
+    # through the update queue (the worker applies them), poses directly. Frames tf does not know,
+    # or stamps farther ahead or behind the data, are rejected at once.
+
+    def _start_held_retries(self) -> None:
+        self._held: dict[tuple[int, str], deque] = {}  # (env, id) -> [[msg, deadline or None], ...]
+        self._held_poses: dict[Any, tuple[str, Callable[[], str], float]] = {}
+        self._held_lock = threading.Lock()
+        self._pose_lock = threading.Lock()
+        self._retry_queued: set[tuple[int, str]] = set()
+        self._retry_wake = threading.Event()
+        self._retry_stop = False
+        self._retry_thread = threading.Thread(target=self._retry_held_loop, name="sdf_server_held_updates",
+                                              daemon=True)
+        self._retry_thread.start()
+
+    def _stop_held_retries(self) -> None:
+        self._retry_stop = True
+        self._retry_wake.set()
+        self._retry_thread.join(timeout=5.0)
+
+    def _retry_held_loop(self) -> None:
+        while not self._retry_stop:
+            with self._held_lock:
+                keys = [k for k in self._held if k not in self._retry_queued]
+                self._retry_queued.update(keys)
+                idle = not self._held and not self._held_poses
+            if idle:
+                self._retry_wake.wait()
+                self._retry_wake.clear()
+                continue
+            for key in keys:
+                if not self._mesh_updates.put(key, _RetryHeld(key), timeout=0.1):  # full or closing: next round
+                    with self._held_lock:
+                        self._retry_queued.discard(key)
+            self._retry_held_poses()
+            time.sleep(_HELD_RETRY_S)
+
+    def _apply_queued_mesh_obstacle(self, item) -> None:
+        """Worker side: apply one queued MeshObstacle (or retry the held updates of one id)."""
+        if isinstance(item, _RetryHeld):
+            self._retry_held(item.key)
+            return
+        key = (int(item.env), item.id)
+        with self._held_lock:
+            held = self._held.get(key)
+            if held is not None:  # an earlier update of this id waits for its transform
+                held.append([item, None])
+                return
+        try:
+            self._apply_mesh_update(item)
+        except TransformPending as pending:
+            with self._held_lock:
+                self._held[key] = deque([[item, time.monotonic() + pending.wait_s]])
+            self._retry_wake.set()
+
+    def _retry_held(self, key: tuple[int, str]) -> None:
+        """Worker side: apply the held updates of one id in order, up to the first still pending."""
+        with self._held_lock:
+            self._retry_queued.discard(key)
+            held = self._held.get(key)
+        while held:
+            entry = held[0]
+            try:
+                self._apply_mesh_update(entry[0])
+            except TransformPending as pending:
+                now = time.monotonic()
+                if entry[1] is None:
+                    entry[1] = now + pending.wait_s
+                if now < entry[1]:
+                    return
+                self._reject(self._describe(entry[0]), str(pending))
+            with self._held_lock:
+                held.popleft()
+                if not held:
+                    del self._held[key]
+
+    def _describe(self, msg: MeshObstacle) -> str:
+        op = conv.OPERATION_NAMES.get(msg.operation)
+        return f"MeshObstacle {op or msg.operation} '{msg.id}' env {msg.env}"
+
+    def _apply_mesh_update(self, msg: MeshObstacle) -> None:
+        """Apply one MeshObstacle, log its outcome, record stamp -> applied latency; raises
+        TransformPending (nothing applied or recorded) when its transform is not there yet.
 
         A stamped message older than the last one applied for its id is skipped (counted): it is
         a replay (transient_local history, a ScenePublisher re-send) of something this world
         already moved past, e.g. after a restart from state_dir."""
         op = conv.OPERATION_NAMES.get(msg.operation)
-        what = f"MeshObstacle {op or msg.operation} '{msg.id}' env {msg.env}"
+        what = self._describe(msg)
         stamp = (int(msg.header.stamp.sec), int(msg.header.stamp.nanosec))
         key = (int(msg.env), msg.id)
         if stamp != (0, 0):
@@ -679,6 +809,27 @@ class SdfServer(Node):
                     self._forget_removed_stamps()
         if stamp != (0, 0):
             self._applied_latency.record(time.time() - (stamp[0] + 1e-9 * stamp[1]))
+
+    def _pose_update(self, key, what: str, apply: Callable[[], str]) -> None:
+        """Apply one pose message now, or hold it (the latest of ``key``) until its transform comes."""
+        with self._pose_lock:
+            self._held_poses.pop(key, None)  # a newer pose of the same target replaces a held one
+            try:
+                self._guarded(what, apply)
+            except TransformPending as pending:
+                self._held_poses[key] = (what, apply, time.monotonic() + pending.wait_s)
+                self._retry_wake.set()
+
+    def _retry_held_poses(self) -> None:
+        with self._pose_lock:
+            for key, (what, apply, deadline) in list(self._held_poses.items()):
+                try:
+                    self._guarded(what, apply)
+                except TransformPending as pending:
+                    if time.monotonic() < deadline:
+                        continue
+                    self._reject(what, str(pending))
+                del self._held_poses[key]
 
     def _forget_removed_stamps(self) -> None:
         """Bound the stamp table: drop the oldest half of the stamps of ids no longer in the world."""
@@ -709,7 +860,7 @@ class SdfServer(Node):
             self.world.set_pose(msg.id, self._pose_in_world(msg.header, msg.pose), env=int(msg.env))
             return ""
 
-        self._guarded(f"ObstaclePose '{msg.id}' env {msg.env}", apply)
+        self._pose_update(("pose", int(msg.env), msg.id), f"ObstaclePose '{msg.id}' env {msg.env}", apply)
 
     def _pose_topic_callback(self, topic: str, targets: list[tuple[str, int]]):
         def callback(msg: PoseStamped) -> None:
@@ -723,7 +874,7 @@ class SdfServer(Node):
                     self.world.set_pose(obstacle_id, pose, env=env)
                 return ""
 
-            self._guarded(f"PoseStamped on '{topic}'", apply)
+            self._pose_update(("topic", topic), f"PoseStamped on '{topic}'", apply)
 
         return callback
 
