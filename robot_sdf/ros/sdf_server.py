@@ -757,6 +757,11 @@ class SdfServer(Node):
                 self._held[key] = deque([[item, time.monotonic() + pending.wait_s]])
             self._retry_wake.set()
 
+    def _held_count(self) -> int:
+        """Updates held now for a transform that is not there yet (mesh updates and poses)."""
+        with self._held_lock:
+            return sum(len(q) for q in self._held.values()) + len(self._held_poses)
+
     def _retry_held(self, key: tuple[int, str]) -> None:
         """Worker side: apply the held updates of one id in order, up to the first still pending."""
         with self._held_lock:
@@ -1035,6 +1040,7 @@ class SdfServer(Node):
                 "update_received_p99_ms": f"{1e3 * r99:.3f}", "update_received_max_ms": f"{1e3 * r_worst:.3f}",
                 "update_apply_p50_ms": f"{1e3 * a50:.3f}", "update_apply_p99_ms": f"{1e3 * a99:.3f}",
                 "update_apply_max_ms": f"{1e3 * a_worst:.3f}", "updates_stale_skipped": str(self._stale_skipped),
+                "updates_held": str(self._held_count()),
                 "state_saves": str(self._saver.saves if self._saver is not None else 0)}
 
     def last_request(self) -> tuple[int, tuple[np.ndarray, np.ndarray] | None]:
