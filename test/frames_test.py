@@ -164,8 +164,8 @@ def test_missing_transforms_are_rejected_with_the_reason():
     buf = StampedBuffer()
     buf.add("odom", 1_000, random_pose())
     resolver = FrameResolver("world", buf, timeout_s=0.05)
-    with pytest.raises(FrameError, match=r"cannot transform header.frame_id 'camera' into world frame 'world' "
-                                         r"\(stamp 0.000003000 s\): unknown frame: .*does not exist"):
+    with pytest.raises(FrameError, match=r"cannot transform header.frame_id 'camera' into world frame 'world'"
+                                         r": unknown frame: .*does not exist"):
         resolver.pose_in_world("camera", 3_000, random_pose())
     with pytest.raises(FrameError, match="extrapolation: no transform at 1500") as info:
         resolver.pose_in_world("odom", 1_500, random_pose())

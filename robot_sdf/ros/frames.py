@@ -566,9 +566,11 @@ class FrameResolver:
         try:
             world_from_frame = self.buffer.lookup(self.world_frame, frame_id, stamp, 0.0)
         except LookupFailed as exc:
-            at = "latest" if stamp is None else f"stamp {stamp / 1e9:.9f} s"
-            text = (f"cannot transform header.frame_id '{frame_id}' into world frame '{self.world_frame}' "
-                    f"({at}): {exc.reason}: {exc}")
+            # the stamp only where it matters: the same unknown frame then reads the same each time
+            # (the node folds identical rejections in its log)
+            at = "" if exc.reason != EXTRAPOLATION else " (latest)" if stamp is None else f" (stamp {stamp / 1e9:.9f} s)"
+            text = (f"cannot transform header.frame_id '{frame_id}' into world frame '{self.world_frame}'"
+                    f"{at}: {exc.reason}: {exc}")
             if stamp is not None and exc.reason == EXTRAPOLATION and self.timeout_s > 0:
                 latest = self.buffer.latest_stamp(self.world_frame, frame_id)
                 if latest and 0 < stamp - latest <= self.timeout_s * 1e9:

@@ -353,9 +353,14 @@ class SdfServer(Node):
         with self._count_lock:
             forgotten = len(self._stamps)
             self._stamps.clear()
-        self.get_logger().warning(
-            f"the clock jumped back by {-jump.delta.nanoseconds / 1e9:.3f} s or changed its source (a bag loop, a "
-            f"simulator reset?): forgot the stamps of {forgotten} applied updates, so earlier stamps apply again")
+        from rclpy.clock import ClockChange
+
+        if jump.clock_change in (ClockChange.ROS_TIME_ACTIVATED, ClockChange.ROS_TIME_DEACTIVATED):
+            event = "the clock changed its time source (use_sim_time)"
+        else:
+            event = f"the clock jumped back by {-jump.delta.nanoseconds / 1e9:.3f} s (a bag loop, a simulator reset?)"
+        self.get_logger().warning(f"{event}: forgot the stamps of {forgotten} applied updates, so updates "
+                                  "stamped earlier apply again")
 
     def _close_transforms(self) -> None:
         if self._tf is not None:
