@@ -95,8 +95,8 @@ def _pair(positive: bool) -> Check:
 
 PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("world_frame", "world", "Frame of all poses, spheres and points; poses of incoming "
-              "messages in another header.frame_id are transformed into it (tf2, or "
-              "static_transforms where tf2_ros is not installed).", "non-empty",
+              "messages in another header.frame_id are transformed into it (tf2, or a "
+              "built-in buffer with tf2's rules where tf2_ros is not installed).", "non-empty",
               lambda v: None if v.strip() else "must not be empty"),
     ParamSpec("device", "auto", "Compute device: auto (cuda:0 when available, else cpu), cpu, "
               "cuda or cuda:N.", "auto|cpu|cuda|cuda:N", _device),
@@ -179,11 +179,13 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "in the diagnostics [ms]; 0 = never.", ">= 0", _non_negative,
               float_range=(0.0, 3.6e6), dynamic=True),
     ParamSpec("static_transforms", "", "Fixed transforms 'parent child x y z qw qx qy qz' "
-              "(metres, unit quaternion), entries separated by ';'. Inserted into tf2 as static "
-              "transforms; without tf2_ros the only frames besides world_frame that messages may use.",
+              "(metres, unit quaternion), entries separated by ';'. Inserted as static transforms into "
+              "tf2, or into the built-in buffer that replaces it where tf2_ros is not installed.",
               "entries 'parent child x y z qw qx qy qz' separated by ';'", _static_transforms),
-    ParamSpec("tf_timeout", 0.1, "How long a transform lookup for an incoming message may wait [s]; "
-              "a message whose frame cannot be resolved in time is rejected.", ">= 0", _non_negative,
+    ParamSpec("tf_timeout", 0.1, "How far a message's stamp may lie ahead of the newest transform of its "
+              "frame and still be waited for [s]: it is held aside (other updates go on) until the "
+              "transform comes, rejected after tf_timeout; unknown frames and stamps outside the "
+              "transform data are rejected at once. 0 = never wait.", ">= 0", _non_negative,
               float_range=(0.0, 60.0), dynamic=True),
     ParamSpec("tf_use_latest", False, "Transform incoming poses with the latest transform instead "
               "of the one at the message stamp (a zero stamp always means latest).", dynamic=True),

@@ -17,8 +17,10 @@ Topics and services (relative to the node, ``~/`` = ``/sdf_server/``):
 
 Input policy: every message is checked before the world changes; a bad one is logged with its
 reason and dropped whole. A pose in a frame other than world_frame is transformed into it at the
-message stamp (robot_sdf.ros.frames: tf2, or the static_transforms parameter without tf2_ros); a
-frame that cannot be resolved within tf_timeout rejects the message. REMOVE, ENABLE and DISABLE
+message stamp (robot_sdf.ros.frames: tf2, or a built-in buffer with tf2's rules without tf2_ros,
+on this node's clock); a message stamped just ahead of its frame's newest transform is held
+aside and retried (never waited for on the update thread), any other unresolvable frame rejects
+the message at once. REMOVE, ENABLE and DISABLE
 carry no pose, so their frame is not used. Quaternions within 1e-3 of unit length are
 renormalised, anything else (zero, NaN) is rejected. Threads: mesh and pose updates (a mesh may build a BVH) are served by a
 companion node ``<name>_world_updates`` with its own executor thread, in two callback groups, so
