@@ -357,8 +357,9 @@ def test_pose_topic_moves_scene_obstacle(server):
     wrong.header.frame_id = "map"
     wrong.pose.orientation.w = 1.0
     server.pose_pub.publish(wrong)
-    rh.wait_until(lambda: "rejected PoseStamped on '/sdf_test/moving_box_pose': header.frame_id 'map'"
-                  in server.node.log(), 5.0, what="rejection log")
+    rh.wait_until(lambda: "rejected PoseStamped on '/sdf_test/moving_box_pose': cannot transform header.frame_id "
+                          "'map' into world frame 'world': unknown frame: " in server.node.log(), 5.0,
+                  what="rejection log")
     np.testing.assert_allclose(server.signed_distance(probe)[0], d)
     after = server.revision()
     rh.wait_until(lambda: send(MOVING_BOX_POSE) or server.revision() > after, 10.0, what="restore")
