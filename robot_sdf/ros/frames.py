@@ -384,10 +384,14 @@ class _CompanionNode:
 
         self._node.set_parameters([Parameter("use_sim_time", value=bool(value))])
 
-    def close(self) -> None:
+    def _stop_spinning(self) -> None:
         if self._thread is not None:
             self._executor.shutdown(timeout_sec=2.0)
             self._thread.join(timeout=5.0)
+            self._thread = None
+
+    def close(self) -> None:
+        self._stop_spinning()
         self._node.destroy_node()
 
 
@@ -407,8 +411,9 @@ class Tf2Buffer(_CompanionNode):
 
         super().__init__(name, namespace, context, use_sim_time)
         self._tf2 = tf2_ros
-        self._reasons = ((tf2_ros.LookupException, UNKNOWN_FRAME), (tf2_ros.ConnectivityException, NOT_CONNECTED),
-                         (tf2_ros.ExtrapolationException, EXTRAPOLATION), (tf2_ros.TimeoutException, TIMEOUT))
+        classes = (("LookupException", UNKNOWN_FRAME), ("ConnectivityException", NOT_CONNECTED),
+                   ("ExtrapolationException", EXTRAPOLATION), ("TimeoutException", TIMEOUT))
+        self._reasons = tuple((getattr(tf2_ros, name), reason) for name, reason in classes if hasattr(tf2_ros, name))
         # The Buffer registers its clear-on-jump-back callback on this node's clock (sim time here).
         self.buffer = tf2_ros.Buffer(node=self._node)
         try:
@@ -451,10 +456,11 @@ class Tf2Buffer(_CompanionNode):
         return stamp_to_ns(t.header.stamp)
 
     def close(self) -> None:
+        self._stop_spinning()
         unregister = getattr(self._listener, "unregister", None)  # absent before ROS 2 Humble
-        super().close()
         if unregister is not None:
             unregister()
+        super().close()
 
 
 class TopicTransformBuffer(_CompanionNode):
@@ -568,7 +574,9 @@ class FrameResolver:
         except LookupFailed as exc:
             # the stamp only where it matters: the same unknown frame then reads the same each time
             # (the node folds identical rejections in its log)
-            at = "" if exc.reason != EXTRAPOLATION else " (latest)" if stamp is None else f" (stamp {stamp / 1e9:.9f} s)"
+            at = ""
+            if exc.reason == EXTRAPOLATION:
+                at = " (latest)" if stamp is None else f" (stamp {stamp / 1e9:.9f} s)"
             text = (f"cannot transform header.frame_id '{frame_id}' into world frame '{self.world_frame}'"
                     f"{at}: {exc.reason}: {exc}")
             if stamp is not None and exc.reason == EXTRAPOLATION and self.timeout_s > 0:
