@@ -20,9 +20,9 @@ from rosgraph_msgs.msg import Clock
 
 import reference as ref
 import ros_helpers as rh
-from robot_sdf.ros.conversions import make_mesh_obstacle
+from robot_sdf.ros.conversions import make_mesh_obstacle, make_obstacle_pose
 from robot_sdf.ros.frames import JUMP_BACK_TEXT, tf2_msgs_available
-from robot_sdf_interfaces.msg import MeshObstacle
+from robot_sdf_interfaces.msg import MeshObstacle, ObstaclePose
 from robot_sdf_interfaces.srv import QuerySignedDistance
 
 DOMAIN = rh.domain_id(97)
@@ -55,6 +55,7 @@ class TfRig:
         try:
             h = self.harness
             self.mesh_pub = h.publisher(MeshObstacle, "/sdf_server/mesh_obstacles", rh.MESH_QOS)
+            self.pose_pub = h.publisher(ObstaclePose, "/sdf_server/obstacle_poses")
             self.clock_pub = h.publisher(Clock, "/clock")
             if tf2_msgs_available():
                 from tf2_msgs.msg import TFMessage
@@ -119,6 +120,16 @@ class TfRig:
             return False
 
         rh.wait_until(found, 15.0, what=what)
+
+    def held_until(self, count: int, action=lambda: None) -> None:
+        """Repeat ``action`` until the diagnostics report ``count`` held updates."""
+        def held():
+            action()
+            last = self.diagnostics.snapshot()[-1:]
+            values = {kv.key: kv.value for arr in last for s in arr.status for kv in s.values}
+            return values.get("updates_held") == str(count)
+
+        rh.wait_until(held, 15.0, interval=0.1, what=f"{count} held updates")
 
     def distance(self, points) -> tuple[np.ndarray, int]:
         return self.harness.signed_distance(self.sd, points)
@@ -202,11 +213,24 @@ def test_a_transform_just_ahead_is_waited_for_without_holding_other_updates(rig)
     rig.publish_until(make_mesh_obstacle("free_box", v, t, [20.0, 0.0, 0.0, 1, 0, 0, 0]),
                       lambda: rig.lands_at(matrix([20.0, 0.0, 0.0, 1, 0, 0, 0])), "another id while one is held")
     rig.diag("updates_held", lambda arr, value: value == "1", "the ADD still held")
-    # the transform at 1003.1 s arrives: the box lands at the pose interpolated halfway from B to C
+    # a held id keeps its order: a MOVE (resolvable at once) queues behind its held ADD
+    rig.mesh_pub.publish(stamped(make_mesh_obstacle("order_box", v, t, yaw_pose(1.0, -1.0, 0.0), frame_id="odom"),
+                                 1003 * SEC + SEC // 20))
+    moved = np.array([25.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+    rig.mesh_pub.publish(make_mesh_obstacle("order_box", None, None, moved, operation=MeshObstacle.MOVE))
+    # a pose just ahead is held too (the latest of its target; re-sent copies replace it)
+    pose_in_odom = yaw_pose(-1.0, 0.0, 0.3)
+    held_pose = stamped(make_obstacle_pose("free_box", pose_in_odom, frame_id="odom"), 1003 * SEC + SEC // 20)
+    rig.held_until(4, lambda: rig.pose_pub.publish(held_pose))
+    assert rig.lands_at(matrix([20.0, 0.0, 0.0, 1, 0, 0, 0]))  # the held pose changed nothing yet
+    # the transform at 1003.1 s arrives: the held ADD and pose land at the pose interpolated halfway
+    # from B to C, and the MOVE applies after its ADD
     rig.transform("world", "odom", 1003 * SEC + SEC // 10, odom_c)
     half = np.array([-2.5, 2.0, 0.0, np.cos(-0.1 / 2), 0.0, 0.0, np.sin(-0.1 / 2)])  # x, y halfway; yaw -0.8 -> 0.6
     rh.wait_until(lambda: rig.lands_at(matrix(half) @ matrix(box_in_odom)), 15.0, what="the held ADD applied")
-    rig.diag("updates_held", lambda arr, value: value == "0", "nothing held")
+    rh.wait_until(lambda: rig.lands_at(matrix(half) @ matrix(pose_in_odom)), 15.0, what="the held pose applied")
+    rh.wait_until(lambda: rig.lands_at(matrix(moved)), 15.0, what="the MOVE after its held ADD")
+    rig.held_until(0)
 
 
 def test_unresolvable_frames_are_rejected_with_the_reason_class(rig):
