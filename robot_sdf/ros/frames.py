@@ -186,6 +186,7 @@ class TransformCache:
         self._cache_ns = int(cache_time_ns)
         self._static: dict[str, tuple[str, np.ndarray]] = {}
         self._stamped: dict[str, tuple[list[int], list[tuple[str, np.ndarray]]]] = {}
+        self._parents: set[str] = set()  # every frame named as a parent (a lookup must not scan the history)
         self.old_data_dropped = 0
         for parent, child, pose in transforms:
             self.set_transform(parent, child, 0, pose, static=True)
@@ -197,6 +198,7 @@ class TransformCache:
             raise ValueError(f"transform '{parent}' -> '{child}': frames must be two non-empty, different names")
         p = geometry.validate_pose(pose)
         with self._cond:
+            self._parents.add(parent)
             if static:
                 self._static[child] = (parent, p)
             else:
@@ -219,6 +221,7 @@ class TransformCache:
         """Forget the stamped transforms (static ones stay, as in tf2)."""
         with self._cond:
             self._stamped.clear()
+            self._parents = {parent for parent, _ in self._static.values()}
 
     def frames(self) -> set[str]:
         with self._cond:
@@ -243,11 +246,10 @@ class TransformCache:
 
     def _path(self, target: str, source: str) -> tuple[list[str], list[str]]:
         """Frames below the common ancestor on the source side and on the target side."""
-        known = self._frames()
         for name, f in (("target_frame", target), ("source_frame", source)):
-            if f not in known:
+            if f not in self._static and f not in self._stamped and f not in self._parents:
                 raise LookupFailed(f"frame '{f}' ({name}) does not exist; known frames: "
-                                   f"{', '.join(sorted(known)) or 'none'}", UNKNOWN_FRAME)
+                                   f"{', '.join(sorted(self._frames())) or 'none'}", UNKNOWN_FRAME)
         up_s, up_t = self._chain(source), self._chain(target)
         common = next((f for f in up_s if f in up_t), None)
         if common is None:
@@ -256,10 +258,7 @@ class TransformCache:
         return up_s[:up_s.index(common)], up_t[:up_t.index(common)]
 
     def _frames(self) -> set[str]:
-        out = set(self._static) | {p for p, _ in self._static.values()} | set(self._stamped)
-        for _, values in self._stamped.values():
-            out.update(p for p, _ in values)
-        return out
+        return set(self._static) | set(self._stamped) | self._parents
 
     def _latest(self, frames: list[str]) -> int:
         """Latest common time of the stamped transforms of ``frames`` (0: all static)."""
