@@ -1,4 +1,4 @@
-"""``python -m bench [--quick] [--only core|ros] [--device cpu|cuda]``: run the benchmarks.
+"""``python -m bench [--quick] [--only core|ros|tf] [--device cpu|cuda]``: run the benchmarks.
 
 Prints the machine description, then Markdown tables (see docs/benchmarks.md for what each
 number means). ``--quick`` shrinks every size and repetition count so that the whole run takes
@@ -23,7 +23,7 @@ def _private_ros_env() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, few repetitions (smoke test)")
-    parser.add_argument("--only", choices=("core", "ros"), help="run only this part")
+    parser.add_argument("--only", choices=("core", "ros", "tf"), help="run only this part")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     args = parser.parse_args(argv)
     domain = _private_ros_env()
@@ -55,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
 
         emit("\n## ROS 2 node")
         ros_bench.run(device, args.quick)
+    if args.only in (None, "tf"):
+        from bench import tf_bench
+
+        tf_bench.run(args.quick)
     from bench import load_average
 
     emit(f"\nTotal benchmark time {time.perf_counter() - t0:.0f} s; load average at the end: {load_average()}")
