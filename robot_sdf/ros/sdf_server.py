@@ -315,9 +315,6 @@ class SdfServer(Node):
             self.destroy_publisher(pub)
         self._stop_world_updates()
         self._close_transforms()
-        if self._jump_handle is not None:
-            self._jump_handle.unregister()
-            self._jump_handle = None
         self.get_logger().info("inactive: services, topics and tf closed; the world is kept")
 
     def cleanup_server(self) -> None:
@@ -365,6 +362,9 @@ class SdfServer(Node):
                                   "stamped earlier apply again")
 
     def _close_transforms(self) -> None:
+        if self._jump_handle is not None:
+            self._jump_handle.unregister()
+            self._jump_handle = None
         if self._tf is not None:
             self._tf.close()
             self._tf = None
@@ -544,7 +544,7 @@ class SdfServer(Node):
 
     def destroy_node(self) -> None:
         self._stop_world_updates()
-        if getattr(self, "_tf", None) is not None:
+        if getattr(self, "_tf", None) is not None or getattr(self, "_jump_handle", None) is not None:
             self._close_transforms()
         self._close_state()
         super().destroy_node()
