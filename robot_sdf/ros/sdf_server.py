@@ -55,9 +55,9 @@ except ImportError:  # pragma: no cover - other rclpy layouts: the ordinary logg
 import torch
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from geometry_msgs.msg import PoseStamped
-from rclpy.clock import JumpThreshold
-from rclpy.duration import Duration
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rclpy.clock import ClockChange, JumpThreshold
+from rclpy.duration import Duration
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor, SingleThreadedExecutor
 from rclpy.logging import LoggingSeverity
 from rclpy.node import Node
@@ -352,8 +352,6 @@ class SdfServer(Node):
         with self._count_lock:
             forgotten = len(self._stamps)
             self._stamps.clear()
-        from rclpy.clock import ClockChange
-
         if jump.clock_change in (ClockChange.ROS_TIME_ACTIVATED, ClockChange.ROS_TIME_DEACTIVATED):
             event = "the clock changed its time source (use_sim_time)"
         else:
@@ -709,8 +707,9 @@ class SdfServer(Node):
     # a mesh update holds its id (later updates of that id queue behind it, so each id keeps its
     # order) until its transform arrives or tf_timeout passes; a pose is held as the latest of its
     # target (a newer pose replaces it). A thread retries them every _HELD_RETRY_S, mesh updates
-    # through the update queue (the worker applies them), poses directly. Frames tf does not know,
-    # or stamps farther ahead or behind the data, are rejected at once.
+    # through the update queue (the worker applies them; these retries count in the queue's
+    # enqueued/applied counters), poses directly. Frames tf does not know, or stamps farther ahead
+    # or behind the data, are rejected at once.
 
     def _start_held_retries(self) -> None:
         self._held: dict[tuple[int, str], deque] = {}  # (env, id) -> [[msg, deadline or None], ...]
