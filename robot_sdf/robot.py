@@ -257,13 +257,15 @@ class RobotModel:
     urdf: URDF file; spheres: sphere YAML file (or mapping, see the module doc) whose links must
     exist in the URDF; device, dtype: where the kinematics run (use the world's device);
     locked_joints: joint name -> fixed value (e.g. gripper fingers), not part of q; joints that
-    mimic another joint follow it and are not part of q either.
+    mimic another joint follow it and are not part of q either; exclude_links: links whose spheres
+    are left out (e.g. a base link that never moves and rests on its mount).
     Attributes: joints (list of JointInfo, the order of q), dof, link_of_sphere (n,) link names,
     num_spheres, lower / upper / velocity (dof,) tensors.
     """
 
     def __init__(self, urdf: str | Path, spheres, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32, locked_joints: Mapping[str, float] | None = None) -> None:
+                 dtype: torch.dtype = torch.float32, locked_joints: Mapping[str, float] | None = None,
+                 exclude_links: tuple[str, ...] = ()) -> None:
         import pytorch_kinematics as pk
 
         self.urdf_path = Path(urdf)
@@ -306,7 +308,7 @@ class RobotModel:
         self.upper = torch.tensor([j.upper for j in self.joints], dtype=dtype, device=self.device)
         self.velocity = torch.tensor([j.velocity for j in self.joints], dtype=dtype, device=self.device)
 
-        table = load_spheres(spheres)
+        table = {link: rows for link, rows in load_spheres(spheres).items() if link not in set(exclude_links)}
         frames = set(self.chain.get_frame_names(exclude_fixed=False))
         missing = sorted(set(table) - frames)
         if missing:
