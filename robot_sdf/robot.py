@@ -374,6 +374,71 @@ class RobotModel:
         return torch.cat([centres, radius[..., None]], dim=-1)
 
 
+    # -- self-collision
+
+    def movable_joints_between(self, a: str, b: str) -> int:
+        """Number of joints that move (not fixed, not locked) on the tree path between links a and b."""
+        parent = {j.child: j for j in self.urdf.joints}
+        names = self.chain.get_joint_parameter_names()
+        active = set(self._active.tolist())
+        # A mimic joint moves when the joint it follows does (not when that one is locked).
+        moving = {names[i] for i in active} | {names[i] for i, src, *_ in self._mimic if src in active}
+
+        def path(link: str) -> list[str]:
+            out = [link]
+            while out[-1] in parent:
+                out.append(parent[out[-1]].parent)
+            return out
+
+        pa, pb = path(a), path(b)
+        common = next(link for link in pa if link in pb)
+        links = pa[:pa.index(common)] + pb[:pb.index(common)]  # each link below the common ancestor
+        return sum(parent[link].name in moving for link in links)
+
+    def self_collision_pairs(self, samples: int = 1000, always_fraction: float = 0.95, seed: int = 0) -> torch.Tensor:
+        """(P, 2) long sphere index pairs to check for self-collision.
+
+        Left out, as MoveIt's setup assistant does: pairs on one link or on links at most one
+        moving joint apart (neighbours always touch at the joint), and pairs that overlap in at
+        least ``always_fraction`` of ``samples`` random configurations within the joint limits
+        (structural contact the spheres' overshoot creates, not a motion to avoid).
+        """
+        n = self.num_spheres
+        i, j = torch.triu_indices(n, n, offset=1)
+        link_pairs = {}
+        keep = torch.zeros(i.numel(), dtype=torch.bool)
+        for k, (a, b) in enumerate(zip(i.tolist(), j.tolist())):
+            la, lb = self.link_of_sphere[a], self.link_of_sphere[b]
+            if la != lb:
+                key = (la, lb)
+                if key not in link_pairs:
+                    link_pairs[key] = self.movable_joints_between(la, lb) >= 2
+                keep[k] = link_pairs[key]
+        i, j = i[keep], j[keep]
+        if i.numel() == 0:
+            return torch.zeros((0, 2), dtype=torch.long, device=self.device)
+        gen = torch.Generator().manual_seed(seed)
+        lo, hi = self.lower.cpu().double(), self.upper.cpu().double()
+        q = lo + (hi - lo) * torch.rand(samples, self.dof, generator=gen, dtype=torch.float64)
+        with torch.no_grad():
+            s = self.spheres(q.to(device=self.device, dtype=self.dtype)).double().cpu()
+        gap = torch.linalg.vector_norm(s[:, i, :3] - s[:, j, :3], dim=-1) - s[:, i, 3] - s[:, j, 3]
+        structural = (gap < 0).double().mean(dim=0) >= always_fraction
+        return torch.stack([i[~structural], j[~structural]], dim=1).to(self.device)
+
+
+def self_collision_cost(spheres: torch.Tensor, pairs: torch.Tensor, activation_distance: float) -> torch.Tensor:
+    """Self-collision cost (...,) of spheres (..., n, 4): design.md's penetration cost of each pair,
+    d = r_i + r_j + eta - |c_i - c_j|, summed over pairs (P, 2); differentiable in the centres."""
+    eta = float(activation_distance)
+    if eta <= 0:
+        raise ValueError(f"activation_distance must be > 0, got {activation_distance}")
+    a, b = spheres[..., pairs[:, 0], :], spheres[..., pairs[:, 1], :]
+    d = a[..., 3] + b[..., 3] + eta - torch.linalg.vector_norm(a[..., :3] - b[..., :3], dim=-1)
+    cost = torch.where(d > eta, d - 0.5 * eta, torch.clamp(d, min=0.0) ** 2 / (2 * eta))
+    return cost.sum(dim=-1)
+
+
 def pose_matrix(pose: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotation (..., 3, 3) and translation (..., 3) of poses (..., 7) x y z qw qx qy qz."""
     from pytorch_kinematics.transforms import quaternion_to_matrix

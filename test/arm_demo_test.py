@@ -113,6 +113,12 @@ def _check(out: Path, proc: subprocess.CompletedProcess) -> dict:
     assert brute.min() > 0.0
     np.testing.assert_allclose(data["min_clearance"], brute, atol=2e-3)
     assert summary["min_clearance_m"] == pytest.approx(brute.min(), abs=2e-3)
+    # No self-collision among the checked pairs (links two or more moving joints apart).
+    pairs, sph = data["self_pairs"], data["spheres"].astype(np.float64)
+    assert len(pairs) > 100 and summary["self_collisions"] == 0
+    gap = (np.linalg.norm(sph[:, pairs[:, 0], :3] - sph[:, pairs[:, 1], :3], axis=-1)
+           - sph[:, pairs[:, 0], 3] - sph[:, pairs[:, 1], 3])
+    assert gap.min() > 0 and summary["min_self_clearance_m"] == pytest.approx(gap.min(), abs=1e-5)
     # The ball really moved during the run.
     ball = data["poses_ball"][:, 1]
     assert ball.max() - ball.min() > 0.1

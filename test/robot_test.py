@@ -238,3 +238,36 @@ def test_fit_spheres_rejects_bad_input(tmp_path, capsys):
     assert main([str(tmp_path / "missing.urdf"), "--output", str(tmp_path / "s.yaml")]) == 2
     assert "URDF file not found" in capsys.readouterr().err
     assert not (tmp_path / "s.yaml").exists()
+
+
+def test_self_collision_pairs_and_cost(toy):
+    from robot_sdf.robot import RobotModel, self_collision_cost
+
+    robot = RobotModel(toy, SPHERES, dtype=torch.float64)
+    assert robot.movable_joints_between("upper", "slider") == 1
+    assert robot.movable_joints_between("upper", "tip") == 2
+    assert robot.movable_joints_between("tip", "tip") == 0
+    # Only upper (sphere 0) and tip (sphere 3) are two moving joints apart; they never overlap
+    # structurally, so that is the one pair.
+    pairs = robot.self_collision_pairs(samples=200)
+    assert pairs.tolist() == [[0, 3]]
+    # The cost against design.md's penetration formula, in numpy, for touching and apart spheres.
+    rng = np.random.default_rng(5)
+    s = torch.tensor(rng.uniform(-0.05, 0.05, size=(6, 4, 4)), requires_grad=True)
+    with torch.no_grad():
+        s[..., 3] = torch.tensor(rng.uniform(0.01, 0.04, size=(6, 4)))
+    all_pairs = torch.tensor([[0, 1], [0, 3], [1, 2]])
+    got = self_collision_cost(s, all_pairs, 0.02)
+    x = s.detach().numpy()
+    want, grad = np.zeros(6), np.zeros((6, 4, 3))
+    for a, b in all_pairs.tolist():
+        diff = x[:, a, :3] - x[:, b, :3]
+        dist = np.linalg.norm(diff, axis=1)
+        cost, dcost = ref.cost_of_penetration(x[:, a, 3] + x[:, b, 3] + 0.02 - dist, 0.02)
+        want += cost
+        grad[:, a] -= dcost[:, None] * diff / dist[:, None]
+        grad[:, b] += dcost[:, None] * diff / dist[:, None]
+    assert want.max() > 0
+    np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-12)
+    got.sum().backward()
+    np.testing.assert_allclose(s.grad[..., :3].numpy(), grad, rtol=1e-9, atol=1e-12)

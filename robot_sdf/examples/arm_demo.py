@@ -189,7 +189,9 @@ def run(scene: ArmScene, costs, robot, config: ArmMpcConfig, max_steps: int, out
     mpc = ArmMpc(robot, scene.goal, config, costs.collision, base_pose=base)
     lower, upper = robot.lower.cpu().numpy(), robot.upper.cpu().numpy()
     q = scene.start.copy()
-    states, spheres_log, poses_log, clear_log, solve_s, rows = [], [], [], [], [], []
+    mpc.warm_up(q)
+    pairs = mpc.self_pairs.cpu().numpy()
+    states, spheres_log, poses_log, clear_log, self_log, solve_s, rows = [], [], [], [], [], [], []
     reached = False
     wall0 = time.perf_counter()
     with open(out_dir / LOG_NAME, "w") as log:
@@ -209,6 +211,9 @@ def run(scene: ArmScene, costs, robot, config: ArmMpcConfig, max_steps: int, out
             spheres_log.append(sph)
             poses_log.append(poses)
             clear_log.append(float(clear.min()))
+            # Self-clearance: the smallest gap between the spheres of the checked pairs.
+            self_log.append(float((np.linalg.norm(sph[pairs[:, 0], :3] - sph[pairs[:, 1], :3], axis=1)
+                                   - sph[pairs[:, 0], 3] - sph[pairs[:, 1], 3]).min()) if len(pairs) else math.inf)
             row: dict[str, Any] = {"step": k, "t": round(t, 6), "q": np.round(q, 6).tolist(), "goal_error": err,
                                    "min_clearance": float(clear.min()), "worst_sphere": int(np.argmin(clear))}
             reached = err <= scene.goal_tolerance
@@ -229,7 +234,7 @@ def run(scene: ArmScene, costs, robot, config: ArmMpcConfig, max_steps: int, out
     wall = time.perf_counter() - wall0
     arrays: dict[str, np.ndarray] = {"spheres": np.asarray(spheres_log, dtype=np.float32),
                                      "q": np.asarray(states), "t": np.arange(len(states)) * config.dt,
-                                     "min_clearance": np.asarray(clear_log)}
+                                     "min_clearance": np.asarray(clear_log), "self_pairs": pairs}
     for spec in scene.obstacles:
         arrays[f"vertices_{spec.id}"] = np.asarray(spec.vertices, dtype=np.float32)
         arrays[f"triangles_{spec.id}"] = np.asarray(spec.triangles, dtype=np.int32)
@@ -240,6 +245,8 @@ def run(scene: ArmScene, costs, robot, config: ArmMpcConfig, max_steps: int, out
         "goal_reached": bool(reached), "steps": len(solve_s), "min_clearance_m": float(clear.min()),
         "min_clearance_step": int(np.argmin(clear)), "solve_ms_p50": _percentile_ms(solve_s, 50),
         "solve_ms_p95": _percentile_ms(solve_s, 95), "collisions": int((clear < 0).sum()),
+        "min_self_clearance_m": float(min(self_log)), "self_collisions": int((np.asarray(self_log) < 0).sum()),
+        "self_collision_pairs": int(len(pairs)),
         "final_joint_error_rad": rows[-1]["goal_error"], "sim_time_s": rows[-1]["t"], "wall_time_s": wall,
         "mode": mode, "device": str(costs.device), "robot": "Franka Panda (rtb-data)",
         "num_spheres": robot.num_spheres, "requests_per_step": rows[0].get("requests", 0),

@@ -7,6 +7,8 @@ Q[k] = q0 + dt * (V[0] + ... + V[k]). The plan's cost is
     smooth    |V|^2 and |V[k] - V[k-1]|^2            (V[-1] = the velocity just executed)
     limits    squared excess beyond the joint limits (less a margin)
     collision collision_weight * sum of the swept sphere cost of the trajectory (q0, Q[0..h-1])
+    self      self_collision_weight * the penetration cost of the robot's own sphere pairs
+              (robot.self_collision_pairs: links two or more moving joints apart) at each waypoint
 
 where the collision term is ``collision(spheres (b, h+1, n, 4)) -> cost (b, h+1, n)``, a
 differentiable function: world.swept_sphere_cost in-process, or the client's remote autograd
@@ -26,6 +28,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from robot_sdf.robot import self_collision_cost
+
 
 @dataclass(frozen=True)
 class ArmMpcConfig:
@@ -44,6 +48,8 @@ class ArmMpcConfig:
     collision_weight: float = 100
     activation_distance: float = 0.08  # m
     sweep_steps: int = 3
+    self_collision_weight: float = 100.0
+    self_activation_distance: float = 0.02  # m
     seed: int = 0
 
 
@@ -78,6 +84,7 @@ class ArmMpc:
         self.plan_v = torch.zeros(config.horizon, robot.dof, dtype=dt, device=dev)
         self.last_v = torch.zeros(robot.dof, dtype=dt, device=dev)
         self.gen = torch.Generator(device="cpu").manual_seed(config.seed)
+        self.self_pairs = robot.self_collision_pairs()
         w = torch.linspace(0.3, 1.0, config.horizon, dtype=dt, device=dev) ** 2
         self.goal_w = (w / w.sum())[:, None]
 
@@ -98,7 +105,9 @@ class ArmMpc:
         traj = torch.cat([q0.expand(v.shape[0], 1, -1), q], dim=1)  # (b, h+1, dof)
         spheres = self.robot.spheres(traj, self.base_pose)
         coll = c.collision_weight * self.collision(spheres).sum(dim=(-2, -1))
-        return goal + smooth + limits + coll, coll
+        own = c.self_collision_weight * self_collision_cost(spheres, self.self_pairs,
+                                                            c.self_activation_distance).sum(dim=-1)
+        return goal + smooth + limits + own + coll, coll
 
     def _clip(self, v: torch.Tensor) -> torch.Tensor:
         return torch.maximum(torch.minimum(v, self.vmax), -self.vmax)
@@ -115,6 +124,19 @@ class ArmMpc:
         noisy = shifted + c.noise * noise.to(self.plan_v.device)
         cands = torch.cat([shifted[None], straight[None], torch.zeros_like(shifted)[None], noisy])[:c.samples]
         return self._clip(cands)
+
+    def warm_up(self, q0_np: np.ndarray) -> None:
+        """One batched and one gradient evaluation of a standing plan, changing no state: the
+        first calls load Warp modules and set up autograd, and torch's first optimiser step imports
+        its compiler stack (about 1 s), which no control step should time."""
+        q0 = torch.as_tensor(q0_np, dtype=self.robot.dtype, device=self.robot.device)
+        still = torch.zeros(self.config.samples, self.config.horizon, self.robot.dof, dtype=q0.dtype, device=q0.device)
+        with torch.no_grad():
+            self.costs(q0, still)
+        v = still[:1].clone().requires_grad_(True)
+        opt = torch.optim.Adam([v], lr=self.config.learning_rate)
+        self.costs(q0, v)[0].sum().backward()
+        opt.step()
 
     def step(self, q0_np: np.ndarray) -> ArmStep:
         """Plan from joint state q0 (dof,) [rad]; returns the velocity to execute for dt."""
