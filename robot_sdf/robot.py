@@ -20,6 +20,7 @@ Sphere file (YAML, written by ``fit_spheres``, hand-editable)::
       panda_hand: []              # a link may have none; links not listed have none
     # everything else (robot:, urdf:, fit:) is information and ignored when loading
 
+Self-collision: ``RobotModel.self_collision_pairs`` and ``self_collision_cost`` (pure torch).
 Mesh and geometry helpers (``link_geometry``) serve the sphere fitting tool and the plots. No
 ROS import here: ``package://`` URIs resolve from an explicit map, the URDF's ancestors or
 ROS_PACKAGE_PATH / AMENT_PREFIX_PATH.
