@@ -351,7 +351,7 @@ class RobotModel:
         flat = q.reshape(-1, self.dof).to(self.dtype)
         t = self.chain.forward_kinematics_tensor(self.full_joint_vector(flat))  # (frames, B, 4, 4)
         names = links if links is not None else self.sphere_links
-        idx = torch.tensor(self.chain.get_frame_indices(*names), dtype=torch.long, device=self.device).reshape(-1)
+        idx = torch.as_tensor(self.chain.get_frame_indices(*names), dtype=torch.long, device=self.device).reshape(-1)
         return t[idx].transpose(0, 1).reshape(*batch, len(names), 4, 4)
 
     def spheres(self, q: torch.Tensor, base_pose: torch.Tensor | None = None) -> torch.Tensor:

@@ -75,11 +75,16 @@ def _rpy(r, p, y) -> np.ndarray:
     return _rot([0, 0, 1], y) @ _rot([0, 1, 0], p) @ _rot([1, 0, 0], r)
 
 
-def _numpy_spheres(q, base_pose=None) -> np.ndarray:
-    """Independent FK of the toy URDF, written from its joint list."""
+def _numpy_frames(q) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Independent FK of the toy URDF, written from its joint list: upper, slider, tip (4x4)."""
     t_upper = _hom(xyz=(0, 0, 0.1)) @ _hom(_rot([0, 0, 1], q[0]))
     t_slider = t_upper @ _hom(_rpy(1.5707963, 0, 0), (0, 0, 0.4)) @ _hom(_rot([0, 1, 0], q[1]))
     t_tip = t_slider @ _hom(xyz=(0.2, 0, 0)) @ _hom(xyz=(q[2], 0, 0))
+    return t_upper, t_slider, t_tip
+
+
+def _numpy_spheres(q, base_pose=None) -> np.ndarray:
+    t_upper, t_slider, t_tip = _numpy_frames(q)
     out = []
     for frame, link in ((t_upper, "upper"), (t_slider, "slider"), (t_tip, "tip")):
         for e in SPHERES["spheres"][link]:
@@ -108,6 +113,10 @@ def test_spheres_match_independent_kinematics(toy):
         for k in range(5):
             np.testing.assert_allclose(got[i, k], _numpy_spheres(qs[i, k], base), rtol=0, atol=1e-6)  # pytorch_kinematics parses rpy in float32
     np.testing.assert_allclose(robot.spheres(torch.tensor(qs[0, 0])).numpy(), _numpy_spheres(qs[0, 0]), rtol=0, atol=1e-6)  # pytorch_kinematics parses rpy in float32
+    frames = robot.link_transforms(torch.tensor(qs), ["tip", "upper"]).numpy()
+    assert frames.shape == (2, 5, 2, 4, 4)
+    np.testing.assert_allclose(frames[1, 2, 0], _numpy_frames(qs[1, 2])[2], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(frames[1, 2, 1], _numpy_frames(qs[1, 2])[0], rtol=0, atol=1e-6)
 
 
 def test_gradients_match_finite_differences(toy):
