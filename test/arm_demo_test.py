@@ -144,3 +144,22 @@ def test_both_paths_drive_the_same_trajectory(ros_run, inprocess_run):
     b = np.load(inprocess_run[0] / "verification.npz")
     np.testing.assert_array_equal(a["q"], b["q"])
     np.testing.assert_array_equal(a["spheres"], b["spheres"])
+
+
+def test_straight_joint_line_hits_the_crate(tmp_path):
+    """The scene is not trivial: interpolating the joints from start to goal drives the hand
+    through the crate (brute-force clearance < 0)."""
+    import torch
+
+    from robot_sdf.examples.arm_demo import load_robot
+    from robot_sdf.scene import load_scene
+
+    scene = yaml.safe_load(SCENE.read_text())["arm_demo"]
+    robot = load_robot(tmp_path, None, "cpu")
+    s = np.linspace(0.0, 1.0, 21)[:, None]
+    q = (1 - s) * np.asarray(scene["start"]) + s * np.asarray(scene["goal"])
+    spheres = robot.spheres(torch.tensor(q, dtype=torch.float32)).numpy().astype(np.float64).reshape(-1, 4)
+    crate = next(spec for spec in load_scene(SCENE) if spec.id == "crate")
+    local = ref.transform_points(ref.pose_inverse(crate.pose), spheres[:, :3])
+    sd, _, _ = ref.signed_distance(local, crate.vertices.astype(np.float64), crate.triangles.astype(np.int64))
+    assert (sd - spheres[:, 3]).min() < -0.02
