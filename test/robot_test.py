@@ -280,3 +280,23 @@ def test_self_collision_pairs_and_cost(toy):
     np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-12)
     got.sum().backward()
     np.testing.assert_allclose(s.grad[..., :3].numpy(), grad, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("scale", [(2.0, 1.0, 1.0), (-1.0, 1.0, 1.0), (-1.0, -2.0, 0.5), 0.5])
+def test_urdf_mesh_scale_keeps_the_surface_outward(tmp_path, scale):
+    import trimesh
+
+    from robot_sdf.robot import load_scaled_mesh
+
+    v, t = ref.box((0.1, 0.06, 0.04))
+    v = v + [0.02, 0.0, 0.01]
+    trimesh.Trimesh(v, t, process=False).export(tmp_path / "b.stl")
+    got_v, got_t = load_scaled_mesh(tmp_path / "b.stl", scale)
+    s = np.broadcast_to(np.asarray(scale, dtype=np.float64), (3,))
+    np.testing.assert_allclose(np.sort(got_v, axis=0), np.sort(v * s, axis=0), atol=1e-6)
+    # Signed volume (divergence theorem) stays positive: triangles wound counter-clockwise outside.
+    a, b, c = (got_v[got_t[:, k]].astype(np.float64) for k in range(3))
+    volume = np.einsum("ij,ij->i", a, np.cross(b, c)).sum() / 6
+    assert volume == pytest.approx(abs(np.prod(s)) * 0.1 * 0.06 * 0.04, rel=1e-5)
+    with pytest.raises(ValueError, match="non-zero"):
+        load_scaled_mesh(tmp_path / "b.stl", (1.0, 0.0, 1.0))
