@@ -301,3 +301,37 @@ def test_urdf_mesh_scale_keeps_the_surface_outward(tmp_path, scale):
     assert volume == pytest.approx(abs(np.prod(s)) * 0.1 * 0.06 * 0.04, rel=1e-5)
     with pytest.raises(ValueError, match="non-zero"):
         load_scaled_mesh(tmp_path / "b.stl", (1.0, 0.0, 1.0))
+
+
+def test_fit_spheres_check_measures_a_hand_edited_file(toy, tmp_path, capsys):
+    from robot_sdf.robot import load_spheres
+    from robot_sdf.tools.fit_spheres import main
+
+    fitted = tmp_path / "spheres.yaml"
+    assert main([str(toy), "--output", str(fitted), "--spheres", "3"]) == 0
+    # Hand edit: drop the slider's first sphere.
+    spheres = load_spheres(fitted)
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump({"spheres": {
+        "upper": [{"centre": r[:3].tolist(), "radius": float(r[3])} for r in spheres["upper"]],
+        "slider": [{"centre": r[:3].tolist(), "radius": float(r[3])} for r in spheres["slider"][1:]]}}))
+    checked = tmp_path / "checked.yaml"
+    png = tmp_path / "spheres.png"
+    capsys.readouterr()
+    assert main([str(toy), "--check", str(edited), "--output", str(checked), "--plot", str(png)]) == 0
+    assert "checking" in capsys.readouterr().out
+    assert png.read_bytes().startswith(b"\x89PNG") and png.stat().st_size > 10_000
+    report = yaml.safe_load(checked.read_text())["fit"]
+    rng = np.random.default_rng(11)
+    for link, (v, t) in _link_meshes(toy).items():
+        s = load_spheres(edited)[link]
+        np.testing.assert_allclose(load_spheres(checked)[link], s, atol=1e-4)  # measured, not refitted
+        pts = ref.closest_point_mesh(rng.uniform(v.min(0) - 0.05, v.max(0) + 0.05, size=(30_000, 3)), v, t)[0]
+        gap = np.maximum((np.linalg.norm(pts[:, None] - s[None, :, :3], axis=2) - s[None, :, 3]).min(axis=1), 0)
+        assert report[link]["coverage_m"] == pytest.approx(gap.max(), abs=1.5e-3)
+    original = yaml.safe_load(fitted.read_text())["fit"]
+    assert report["slider"]["coverage_m"] > original["slider"]["coverage_m"] + 1e-3
+    # A file naming a link the URDF lacks is refused.
+    edited.write_text("spheres:\n  nolink: [[0, 0, 0, 0.1]]\n")
+    assert main([str(toy), "--check", str(edited)]) == 2
+    assert "does not have" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """fit_spheres: collision spheres for every link of a URDF, placed with robot_sdf's signed distance.
 
     fit_spheres robot.urdf --output spheres.yaml [--tolerance 0.01 | --spheres 6] [--overshoot 0.01]
+    fit_spheres robot.urdf --check spheres.yaml --plot spheres.png     # measure and draw a (hand-edited) file
 
 Per link, the link's geometry (collision elements, or visual ones with ``--geometry visual``; mesh
 files, boxes, cylinders, spheres, all in the link frame) becomes one MeshWorld mesh. Candidate
@@ -19,6 +20,7 @@ Reported per link (also written into the YAML under ``fit:``):
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -46,6 +48,7 @@ class LinkFit:
     overshoot: float
     triangles: int
     sign_method: str
+    surface: np.ndarray | None = None  # (m, 3) surface samples [m], for pictures
 
 
 def surface_samples(vertices: np.ndarray, triangles: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -91,6 +94,43 @@ def _signed_distance(world, points: np.ndarray) -> np.ndarray:
     return d.cpu().numpy().astype(np.float64)
 
 
+def _link_world(vertices: np.ndarray, triangles: np.ndarray, device: str):
+    """MeshWorld holding the link mesh (auto sign method), its sign method name and the
+    diagonal of its bounding box [m] (the search distance)."""
+    from robot_sdf import MeshWorld
+
+    v = np.asarray(vertices, dtype=np.float64)
+    diag = float(np.linalg.norm(np.maximum(v.max(axis=0) - v.min(axis=0), 1e-6)))
+    world = MeshWorld(device=device, sign_method="auto", max_distance=max(diag, 1e-3))
+    world.add_mesh("link", vertices, triangles)
+    return world, world.mesh_sign_method("link").name.lower(), diag
+
+
+def _report_points(vertices: np.ndarray, triangles: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return np.concatenate([surface_samples(vertices, triangles, REPORT_SAMPLES, rng),
+                           np.asarray(vertices, dtype=np.float64)])
+
+
+def _measure(world, report_pts: np.ndarray, spheres: np.ndarray) -> tuple[float, float]:
+    """(coverage, overshoot) [m] of spheres (k, 4) on the link of ``world`` (see the module doc)."""
+    if len(spheres) == 0:
+        return math.inf, 0.0
+    coverage = float(union_gap(report_pts, spheres).max())
+    shell = (spheres[:, None, :3] + spheres[:, None, 3:4] * sphere_points(SPHERE_POINTS)[None]).reshape(-1, 3)
+    return coverage, float(max(_signed_distance(world, shell).max(), 0.0))
+
+
+def check_link(vertices: np.ndarray, triangles: np.ndarray, spheres: np.ndarray, seed: int = 0,
+               device: str = "cpu") -> LinkFit:
+    """The coverage and overshoot of given spheres (k, 4) (link frame) on one mesh, as fit_link
+    reports them; coverage is inf without spheres."""
+    world, method, _ = _link_world(vertices, triangles, device)
+    report_pts = _report_points(vertices, triangles, np.random.default_rng(seed))
+    spheres = np.asarray(spheres, dtype=np.float64).reshape(-1, 4)
+    coverage, reach = _measure(world, report_pts, spheres)
+    return LinkFit(spheres, coverage, reach, int(len(triangles)), method, report_pts[:: max(1, len(report_pts) // 4000)])
+
+
 def fit_link(vertices: np.ndarray, triangles: np.ndarray, spheres: int | None = None,
              tolerance: float | None = None, overshoot: float = 0.01, max_spheres: int = 24,
              min_radius: float = 0.004, seed: int = 0, device: str = "cpu") -> LinkFit:
@@ -98,8 +138,6 @@ def fit_link(vertices: np.ndarray, triangles: np.ndarray, spheres: int | None = 
     surface is fully covered); tolerance: stop once the coverage is within it [m] (at most
     max_spheres); overshoot: allowed reach outside the mesh [m]; min_radius: shallowest centre
     depth considered [m]. Without spheres and tolerance, tolerance = 0.01 m."""
-    from robot_sdf import MeshWorld
-
     if spheres is None and tolerance is None:
         tolerance = 0.01
     if spheres is not None and int(spheres) < 1:
@@ -114,10 +152,7 @@ def fit_link(vertices: np.ndarray, triangles: np.ndarray, spheres: int | None = 
     v = np.asarray(vertices, dtype=np.float64)
     lo, hi = v.min(axis=0), v.max(axis=0)
     extent = np.maximum(hi - lo, 1e-6)
-    diag = float(np.linalg.norm(extent))
-    world = MeshWorld(device=device, sign_method="auto", max_distance=max(diag, 1e-3))
-    world.add_mesh("link", vertices, triangles)
-    method = world.mesh_sign_method("link").name.lower()
+    world, method, diag = _link_world(vertices, triangles, device)
 
     # Candidate centres: grid points inside, at least min_radius deep. The spacing resolves the
     # thinnest extent of the link with a few points at least.
@@ -142,7 +177,7 @@ def fit_link(vertices: np.ndarray, triangles: np.ndarray, spheres: int | None = 
     # The coverage is then measured on a denser, independent sample set; where that finds a point
     # beyond the tolerance, those points join the cover set and the greedy cover goes on.
     samples = surface_samples(vertices, triangles, COVER_SAMPLES, rng)
-    report_pts = np.concatenate([surface_samples(vertices, triangles, REPORT_SAMPLES, rng), v])
+    report_pts = _report_points(vertices, triangles, rng)
     gaps = _excess_gaps(cand, samples, tol)  # (candidates, samples)
     current = np.full(len(samples), np.float32(diag))
     chosen: list[int] = []
@@ -162,10 +197,8 @@ def fit_link(vertices: np.ndarray, triangles: np.ndarray, spheres: int | None = 
         gaps = np.concatenate([gaps, extra], axis=1)
         current = np.concatenate([current, extra[chosen].min(axis=0) if chosen else np.full(len(missed), diag)])
     fitted = cand[chosen]
-    coverage = float(union_gap(report_pts, fitted).max())
-    shell = (fitted[:, None, :3] + fitted[:, None, 3:4] * sphere_points(SPHERE_POINTS)[None]).reshape(-1, 3)
-    reach = float(max(_signed_distance(world, shell).max(), 0.0))
-    return LinkFit(fitted, coverage, reach, int(len(triangles)), method)
+    coverage, reach = _measure(world, report_pts, fitted)
+    return LinkFit(fitted, coverage, reach, int(len(triangles)), method, report_pts[:: max(1, len(report_pts) // 4000)])
 
 
 def parse_package_dirs(items: list[str]) -> dict[str, str]:
@@ -179,11 +212,13 @@ def parse_package_dirs(items: list[str]) -> dict[str, str]:
 
 
 def fit_robot(urdf_path: str | Path, geometry: str = "auto", links: list[str] | None = None,
-              package_dirs: dict | None = None, progress=None, **options) -> dict[str, LinkFit]:
+              package_dirs: dict | None = None, progress=None, check: dict | None = None,
+              **options) -> dict[str, LinkFit]:
     """LinkFit of every link with geometry (or of ``links``), in URDF order.
 
     geometry: 'collision', 'visual' or 'auto' (collision where a link has it, else visual);
-    options: those of fit_link.
+    check: link -> (k, 4) spheres to measure instead of fitting (robot_sdf.robot.load_spheres);
+    options: those of fit_link (with check: seed and device only).
     """
     from robot_sdf.robot import link_geometry, read_urdf
 
@@ -205,7 +240,11 @@ def fit_robot(urdf_path: str | Path, geometry: str = "auto", links: list[str] | 
         if mesh is None:
             continue
         t0 = time.perf_counter()
-        fits[name] = fit_link(*mesh, **options)
+        if check is not None:
+            fits[name] = check_link(*mesh, check.get(name, np.zeros((0, 4))), seed=options.get("seed", 0),
+                                    device=options.get("device", "cpu"))
+        else:
+            fits[name] = fit_link(*mesh, **options)
         if progress:
             f = fits[name]
             progress(f"  {name:24s} {len(f.spheres):3d} spheres  coverage {1e3 * f.coverage:6.1f} mm  "
@@ -213,7 +252,39 @@ def fit_robot(urdf_path: str | Path, geometry: str = "auto", links: list[str] | 
                      f"sign {f.sign_method}, {time.perf_counter() - t0:.1f} s)")
     if not fits:
         raise ValueError(f"{urdf_path}: no link has {geometry} geometry")
+    if check is not None:
+        extra = sorted(set(check) - set(names))
+        if extra:
+            raise ValueError(f"sphere file names links that {urdf_path} does not have: {extra}")
     return fits
+
+
+def plot_fits(fits: dict[str, LinkFit], path: Path) -> Path:
+    """One row per link: the surface samples (grey) and the spheres (circles), seen along -y
+    (x-z) and along z (x-y), in the link frame."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Circle
+
+    fig, axs = plt.subplots(len(fits), 2, figsize=(8, 3.2 * len(fits)), squeeze=False)
+    for row, (name, f) in zip(axs, fits.items()):
+        for ax, (i, j) in zip(row, ((0, 2), (0, 1))):
+            ax.plot(f.surface[:, i], f.surface[:, j], ".", color="0.6", ms=1)
+            for x in f.spheres:
+                ax.add_patch(Circle((x[i], x[j]), x[3], facecolor="tab:blue", edgecolor="tab:blue", alpha=0.2))
+            ax.set_aspect("equal")
+            ax.autoscale_view()
+            ax.set_xlabel("xyz"[i] + " [m]")
+            ax.set_ylabel("xyz"[j] + " [m]")
+        row[0].set_title(f"{name}: {len(f.spheres)} spheres, coverage {1e3 * f.coverage:.1f} mm, "
+                         f"overshoot {1e3 * f.overshoot:.1f} mm", fontsize=9, loc="left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,7 +292,12 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n".join(__doc__.splitlines()[1:]))
     parser.add_argument("urdf", type=Path, help="URDF file (expand xacro files first)")
-    parser.add_argument("--output", "-o", type=Path, required=True, help="sphere YAML to write")
+    parser.add_argument("--output", "-o", type=Path, default=None, help="sphere YAML to write")
+    parser.add_argument("--check", type=Path, default=None, metavar="SPHERES_YAML",
+                        help="measure the coverage and overshoot of an existing (e.g. hand-edited) sphere file "
+                             "instead of fitting")
+    parser.add_argument("--plot", type=Path, default=None, metavar="PNG",
+                        help="draw every link's surface and spheres (two views per link) into this PNG")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--spheres", type=int, default=None, help="spheres per link (exact budget)")
     mode.add_argument("--tolerance", type=float, default=None,
@@ -237,21 +313,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     parser.add_argument("--device", default="cpu", help="device of the signed distance queries (default cpu)")
     args = parser.parse_args(argv)
+    if args.output is None and args.check is None:
+        parser.error("--output is required (or --check an existing sphere file)")
+    from robot_sdf.robot import dump_spheres, load_spheres
+
     try:
         package_dirs = parse_package_dirs(args.package_dir)
-        print(f"fit_spheres: {args.urdf} ({args.geometry} geometry)", flush=True)
+        check = load_spheres(args.check) if args.check is not None else None
+        what = f"checking {args.check}" if check is not None else "fitting"
+        print(f"fit_spheres: {args.urdf} ({args.geometry} geometry), {what}", flush=True)
         fits = fit_robot(args.urdf, args.geometry, args.links, package_dirs, progress=lambda s: print(s, flush=True),
-                         spheres=args.spheres, tolerance=args.tolerance, max_spheres=args.max_spheres,
+                         check=check, spheres=args.spheres, tolerance=args.tolerance, max_spheres=args.max_spheres,
                          overshoot=args.overshoot, seed=args.seed, device=args.device)
     except ValueError as exc:
         print(f"fit_spheres: error: {exc}", file=sys.stderr)
         return 2
-    from robot_sdf.robot import dump_spheres
+    if args.plot is not None:
+        print(f"drew {plot_fits(fits, args.plot)}")
+    if args.output is None:
+        return 0
 
     total = sum(len(f.spheres) for f in fits.values())
     mode_text = f"--spheres {args.spheres}" if args.spheres else f"--tolerance {args.tolerance or 0.01}"
+    how = f"Checked by fit_spheres --check {args.check.name}" if args.check is not None else \
+        f"Fitted by fit_spheres {mode_text}"
     header = (f"Collision spheres of {args.urdf.name}: per link, centre [m] in the link frame and radius [m].\n"
-              f"Fitted by fit_spheres {mode_text} --overshoot {args.overshoot} --geometry {args.geometry} "
+              f"{how} --overshoot {args.overshoot} --geometry {args.geometry} "
               f"--seed {args.seed}; edit freely\n(robot_sdf.robot.load_spheres reads only 'spheres:').")
     info = {"fit": {name: {"spheres": len(f.spheres), "coverage_m": round(f.coverage, 5),
                            "overshoot_m": round(f.overshoot, 5), "triangles": f.triangles,
