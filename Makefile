@@ -4,6 +4,7 @@
 #   make test         run the pytest suite (test/colcon_test.py builds build/colcon_ws with colcon)
 #   make colcon       build the ROS 2 workspace build/colcon_ws (both packages) with colcon
 #   make demo         run the demo (robot_sdf.examples.demo)
+#   make arm-demo     run the arm demo (robot_sdf.examples.arm_demo: Franka Panda, gradient MPC) into arm_out/
 #   make bench        install the benchmark extras and run the benchmarks (python -m bench)
 #   make soak         load + fault + memory checks of a real node (bench/soak.py; not in `make test`)
 #                     SOAK_DURATION=<s> (default 60) sets the load phase, SOAK_ARGS passes more options
@@ -33,7 +34,7 @@ IFACE_STAMP := $(VENV)/.robot_sdf-interfaces-stamp
 STAMP := $(VENV)/.robot_sdf-stamp
 BENCH_STAMP := $(VENV)/.robot_sdf-bench-stamp
 
-.PHONY: venv test colcon demo bench soak interfaces clean distclean
+.PHONY: venv test colcon demo arm-demo bench soak interfaces clean distclean
 
 venv: $(STAMP)
 
@@ -88,6 +89,9 @@ colcon: venv
 demo: venv
 	$(PY) -m robot_sdf.examples.demo
 
+arm-demo: venv
+	$(PY) -m robot_sdf.examples.arm_demo $(ARM_DEMO_ARGS)
+
 $(BENCH_STAMP): $(STAMP) requirements-bench.txt
 	@echo "[setup] installing benchmark extras (open3d-cpu) ..."
 	$(PIP) install -r requirements-bench.txt
@@ -105,7 +109,7 @@ interfaces:
 	$(MAKE) venv
 
 clean:
-	rm -rf $(IFACE_DIR)/build build install log dist .pytest_cache demo_out bench_out
+	rm -rf $(IFACE_DIR)/build build install log dist .pytest_cache demo_out arm_out bench_out
 	rm -rf *.egg-info
 	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
 

@@ -55,6 +55,8 @@ setup(
             "sdf_server_managed = robot_sdf.ros.lifecycle:main",
             "mpc_demo = robot_sdf.examples.mpc_demo:main",
             "render_slice = robot_sdf.tools.render_slice:main",
+            "fit_spheres = robot_sdf.tools.fit_spheres:main",
+            "arm_demo = robot_sdf.examples.arm_demo:main",
         ],
     },
 )

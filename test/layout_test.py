@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "robot_sdf"
 CORE_MODULES = ("robot_sdf", "robot_sdf.kernels", "robot_sdf.warp_primitives", "robot_sdf.world",
                 "robot_sdf.cost", "robot_sdf.geometry", "robot_sdf.io", "robot_sdf.scene",
-                "robot_sdf.types", "robot_sdf.ros")  # robot_sdf.ros itself imports nothing
+                "robot_sdf.types", "robot_sdf.robot", "robot_sdf.tools.fit_spheres",
+                "robot_sdf.ros")  # robot_sdf.ros itself imports nothing
 
 
 def _is_ros_module(name: str) -> bool:

@@ -16,11 +16,11 @@ import ros_helpers as rh
 
 # Python libraries -> rosdep keys (see the comments in package.xml).
 PYTHON_KEYS = {"numpy": "python3-numpy", "yaml": "python3-yaml", "trimesh": "python3-trimesh-pip",
-               "matplotlib": "python3-matplotlib"}
+               "matplotlib": "python3-matplotlib", "scipy": "python3-scipy"}
 # ROS modules whose package has another name.
 ROS_MODULE_KEYS = {"tf2_ros": "tf2_ros_py"}
 # pip-only dependencies -> their pip names in requirements.txt.
-PIP_ONLY = {"torch": "torch", "warp": "warp-lang"}
+PIP_ONLY = {"torch": "torch", "warp": "warp-lang", "pytorch_kinematics": "pytorch-kinematics", "rtbdata": "rtb-data"}
 SOURCES = [*sorted((rh.REPO / "robot_sdf").rglob("*.py")), *sorted((rh.REPO / "launch").glob("*.py"))]
 
 

@@ -120,19 +120,26 @@ def load_scenario(path: str | Path) -> Scenario:
     tol = float(demo.get("goal_tolerance", 0.1))
     if not tol > 0:
         raise ValueError(f"{p}: demo.goal_tolerance must be > 0, got {tol}")
+    moving = parse_moving(demo.get("moving"), specs, f"{p}: demo")
+    return Scenario(p, str(data.get("frame", "world")), specs, start, goal, tol, moving)
+
+
+def parse_moving(entries, specs: list[ObstacleSpec], where: str) -> list[MovingObstacle]:
+    """MovingObstacle list of a ``moving:`` list (format in the module doc) over scene ``specs``;
+    ValueError names the entry (``where`` prefixes the message)."""
     ids = {s.id: s for s in specs}
     moving = []
-    for i, entry in enumerate(demo.get("moving") or []):
+    for i, entry in enumerate(entries or []):
         oid = entry.get("id") if isinstance(entry, dict) else None
         if oid not in ids:
-            raise ValueError(f"{p}: demo.moving[{i}] names unknown obstacle {oid!r}")
+            raise ValueError(f"{where}.moving[{i}] names unknown obstacle {oid!r}")
         axis = _vector(entry.get("axis", [0.0, 1.0, 0.0]), 3, f"moving[{i}].axis")
         if np.linalg.norm(axis) == 0:
-            raise ValueError(f"{p}: demo.moving[{i}].axis must not be zero")
+            raise ValueError(f"{where}.moving[{i}].axis must not be zero")
         period = float(entry.get("period", 10.0))
         if not period > 0:
-            raise ValueError(f"{p}: demo.moving[{i}].period must be > 0")
+            raise ValueError(f"{where}.moving[{i}].period must be > 0")
         moving.append(MovingObstacle(oid, ids[oid].pose.copy(), axis / np.linalg.norm(axis),
                                      float(entry.get("amplitude", 0.5)), period,
                                      float(entry.get("phase", 0.0)), ids[oid].env))
-    return Scenario(p, str(data.get("frame", "world")), specs, start, goal, tol, moving)
+    return moving
