@@ -31,6 +31,7 @@ from bench import scenes
 from bench.legacy_swept import legacy_swept_sphere_cost_kernel
 from robot_sdf import MeshWorld, SignMethod, kernels
 from robot_sdf.warp_primitives import (SdfMeshWarpPy, SweptSdfMeshWarpPy, _as_warp, _launch, _sign_arguments,
+                                       _slot_bvh_arguments,
                                        launch_swept_sphere_cost, warp_device)
 
 wp.set_module_options({"enable_backward": False})
@@ -166,7 +167,8 @@ class LegacySweptRunner:
         inputs = [_as_warp(r.spheres.view(-1, 4), dtype=wp.vec4), _as_warp(r.weight), _as_warp(r.eta),
                   _as_warp(r.max_dist), _as_warp(s.mesh_idx), _as_warp(s.mesh_pose_inverse),
                   _as_warp(s.mesh_enable), _as_warp(s.n_env_mesh), self.shape[1], self.shape[2], self.sweep_steps,
-                  *_sign_arguments(s.sign_method, s.mesh_idx, r.world.device)]
+                  *_sign_arguments(s.sign_method, s.mesh_idx, r.world.device),
+                  _slot_bvh_arguments(s, s.mesh_idx, s.mesh_pose_inverse, r.world.device)[1]]
         outputs = [_as_warp(r.cost.view(-1)), _as_warp(r.grad.view(-1, 4), dtype=wp.vec4),
                    _as_warp(self.evaluations.view(-1))]
         _launch(legacy_swept_sphere_cost_kernel, r.count, inputs, outputs, r.world.device)

@@ -79,6 +79,17 @@ class WorldSnapshot:
     sign_methods: torch.Tensor | None = None
     # Keeps the Warp meshes referenced by mesh_idx alive for as long as this view exists.
     _keepalive: tuple[Any, ...] = field(default=(), repr=False, compare=False)
+    # The world's slot BVHs (robot_sdf.slot_index.SlotIndex), or None.
+    _slot_index: Any = field(default=None, repr=False, compare=False)
+
+    def slot_bvh(self) -> "torch.Tensor | None":
+        """The (n_env + 1,) int64 slot-BVH ids the kernels take when they describe this snapshot
+        (its world has brought them up to date for it: evaluations inside ``reading()``), else
+        None (the kernels then visit every slot: same results, slower)."""
+        index = self._slot_index
+        if index is None or not index.serves(self.revision):
+            return None
+        return index.ids
 
     @property
     def device(self) -> torch.device:

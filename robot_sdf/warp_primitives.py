@@ -386,6 +386,34 @@ def unregister_mesh(mesh_id: int) -> None:
     _winding_support.pop(int(mesh_id), None)
 
 
+# Per device: (a (1,) int64 tensor holding the id of a BVH no query meets, that BVH).
+_no_slot_bvh: dict[torch.device, tuple] = {}
+
+
+def _slot_bvh_arguments(sign_method, mesh_idx: torch.Tensor, mesh_pose_inverse: torch.Tensor,
+                        device: torch.device) -> tuple:
+    """(the sign method to use, the kernels' slot_bvh descriptor).
+
+    The trailing argument may be a WorldSnapshot (what MeshWorld's evaluations pass): its per-slot
+    sign methods are used and, when the call's mesh tensors are the snapshot's own and its world's
+    slot BVHs describe it (slot_index), so are those; anything else visits every slot."""
+    slot_bvh = getattr(sign_method, "slot_bvh", None)
+    if slot_bvh is not None:
+        snap = sign_method
+        sign_method = snap.sign_methods if snap.sign_methods is not None else snap.sign_method
+        ids = slot_bvh() if snap.mesh_idx is mesh_idx and snap.mesh_pose_inverse is mesh_pose_inverse else None
+        if ids is not None and ids.device == device and ids.shape[0] == mesh_idx.shape[0] + 1:
+            return sign_method, _cached(("slot_bvh", id(ids)), (ids,), lambda: _as_warp(ids))
+    entry = _no_slot_bvh.get(device)
+    if entry is None:
+        from robot_sdf.slot_index import placeholder_bvh
+
+        bvh = placeholder_bvh(warp_device(device))
+        ids = torch.tensor([np.uint64(bvh.id).astype(np.int64)], dtype=torch.int64, device=device)
+        entry = _no_slot_bvh.setdefault(device, (ids, bvh))
+    return sign_method, _cached(("no_slot_bvh", id(entry[0])), (entry[0],), lambda: _as_warp(entry[0]))
+
+
 def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device) -> tuple:
     """(scalar code, (n_env, m) uint8 Warp array) for the kernels' sign arguments."""
     if isinstance(sign_method, torch.Tensor):
@@ -501,7 +529,14 @@ def _is_kept_scalar(t, device: torch.device) -> bool:
 def _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
                         sign_method, device: torch.device) -> tuple:
     """(weight, activation_distance, max_distance, mesh_idx, pose_inverse, enable, n_env_mesh,
-    sign code, slot signs) as launch arguments, after the same checks as on every call."""
+    sign code, slot signs, slot BVHs) as launch arguments, after the same checks as on every call."""
+    sign_method, slot_bvh = _slot_bvh_arguments(sign_method, mesh_idx, mesh_pose_inverse, device)
+    return _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
+                         sign_method, device) + (slot_bvh,)
+
+
+def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
+                  sign_method, device: torch.device) -> tuple:
     per_slot = isinstance(sign_method, torch.Tensor)
     key = (device, id(weight), id(activation_distance), id(max_dist), id(mesh_idx), id(mesh_pose_inverse),
            id(mesh_enable), id(n_env_mesh), id(sign_method) if per_slot else sign_method)
@@ -629,9 +664,9 @@ def _sphere_cost_into(query_spheres, cost, grad, sparsity, b, h, n, weight, acti
 
 
 # sphere_cost_kernel's argument positions by kind, for the direct CPU call.
-_SPHERE_COST_CONSTANT_POSITIONS = (1, 2, 3, 4, 5, 6, 7, 11, 12)
-_SPHERE_COST_FLAT_POSITIONS = (0, 8, 17, 18, 19)  # spheres, env_query, out_cost, out_grad, out_sparsity
-_SPHERE_COST_VALUE_POSITIONS = (9, 10, 13, 14, 15, 16)  # use_env, per batch, esdf, grad, start, total
+_SPHERE_COST_CONSTANT_POSITIONS = (1, 2, 3, 4, 5, 6, 7, 11, 12, 13)
+_SPHERE_COST_FLAT_POSITIONS = (0, 8, 18, 19, 20)  # spheres, env_query, out_cost, out_grad, out_sparsity
+_SPHERE_COST_VALUE_POSITIONS = (9, 10, 14, 15, 16, 17)  # use_env, per batch, esdf, grad, start, total
 
 
 class SweptPartials:
@@ -693,6 +728,7 @@ def launch_swept_sphere_cost(
     spheres = _flat(spheres_data, 16)
     env_arr, use_env = _env_query(env_query_idx, b, device)
     world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
+    sign_method, slot_bvh = _slot_bvh_arguments(sign_method, mesh_idx, mesh_pose_inverse, device)
     if out_evaluations is not None and (tuple(out_evaluations.shape) != (b, h, n) or out_evaluations.dtype != torch.int32
                                         or out_evaluations.device != device or not out_evaluations.is_contiguous()):
         raise ValueError(f"out_evaluations must be a contiguous ({b}, {h}, {n}) int32 tensor on {device}")
@@ -702,7 +738,7 @@ def launch_swept_sphere_cost(
         spheres, _scalar_warp(weight, device), _scalar_warp(activation_distance, device),
         _scalar_warp(max_dist, device), _scalar_warp(speed_dt, device), *world, env_arr, use_env,
         h, n, int(sweep_steps), int(bool(enable_speed_metric)), *_sign_arguments(sign_method, mesh_idx, device),
-        int(bool(compute_grad)), int(out_evaluations is not None),
+        slot_bvh, int(bool(compute_grad)), int(out_evaluations is not None),
     ]
     outputs = [_as_warp(outs.cost.view(-1)), _as_warp(outs.sparsity.view(-1)), *partials.warp_arrays(),
                _as_warp(evaluations.view(-1))]

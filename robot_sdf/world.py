@@ -21,6 +21,7 @@ import torch
 import warp as wp
 
 from robot_sdf import cost, geometry, mesh_analysis
+from robot_sdf.slot_index import SlotIndex
 from robot_sdf.types import POSE_INVERSE_SIZE, SignMethod, WorldSnapshot
 from robot_sdf.warp_primitives import init_warp, register_mesh, unregister_mesh, warp_device
 
@@ -410,6 +411,8 @@ class _WorldRead:
 
     def __enter__(self) -> WorldSnapshot:
         world = self._world
+        if not world._slot_index.current():
+            world._update_slot_index()
         world._refit_lock._acquire_read()
         snap = self._snapshot = world._snapshot
         if world._cuda:
@@ -467,6 +470,7 @@ class MeshWorld:
         self._revision = 0
         self._streams = _StreamTracker()
         self._snapshot: WorldSnapshot | None = None
+        self._slot_index = SlotIndex(self.device, warp_device(self.device), self.num_envs)
         self._allocate_mirrors()
         self._publish_snapshot(structural=True)
 
@@ -571,7 +575,7 @@ class MeshWorld:
                 slot.geometry, slot.pose, slot.enabled = geo, p, bool(enabled)
                 self._release_geometry(old)
                 self._mirror_slot(env, self._index(env, slot))
-            return self._publish(structural=True)
+            return self._publish(structural=True, env=env)
 
     def remove_mesh(self, name: str, env: int = 0) -> int:
         with self._write_lock:
@@ -579,7 +583,7 @@ class MeshWorld:
             self._slots[env].remove(slot)
             self._release_geometry(slot.geometry)
             self._mirror_env(env)  # later slots move up by one: O(mesh_capacity)
-            return self._publish(structural=True)
+            return self._publish(structural=True, env=env)
 
     def set_pose(self, name: str, pose, env: int = 0) -> int:
         """Move a mesh: only the inverse-pose tensor changes.
@@ -593,7 +597,7 @@ class MeshWorld:
                 return self._revision
             slot.pose = p
             self._mirror_pose(env, self._index(env, slot))
-            return self._publish(pose=True)
+            return self._publish(pose=True, env=env)
 
     def set_enabled(self, name: str, enabled: bool, env: int = 0) -> int:
         """Enable or disable a mesh; no change (and no new revision) if it already is."""
@@ -649,8 +653,8 @@ class MeshWorld:
                     self._geometries[key] = old
                     # Only this slot uses the geometry (users == 1): its cull radius and pose.
                     self._mirror_slot(env, index)
-                    return self._publish(pose=True)
-            return self._publish(structural=True)
+                    return self._publish(pose=True, env=env)
+            return self._publish(structural=True, env=env)
 
     @staticmethod
     def _refit_key(name: str, v: np.ndarray, old: _Geometry) -> bytes:
@@ -686,6 +690,22 @@ class MeshWorld:
         # Nothing to wait for on the host: the snapshot published next records an event on Warp's
         # stream after the build or refit, and evaluations wait for it on their own stream.
         _graveyard.purge()
+
+    def _update_slot_index(self) -> None:
+        """Refit or rebuild the slot BVHs of the environments changed since the last evaluation,
+        for the current snapshot: once per evaluated revision however many changes came between.
+        Like a mesh refit it changes trees in place, so it waits for running evaluations (never
+        from a thread that is itself evaluating: nested reads keep the per-slot loop)."""
+        if getattr(self._refit_lock._held, "depth", 0):
+            return
+        with self._write_lock:
+            if self._slot_index.current():
+                return
+            with self._refit_lock.write():
+                self._sync_device_before_write()
+                snap = self._snapshot
+                self._slot_index.update(snap.mesh_pose_inverse, self._counts, snap.revision)
+                self._sync_device_after_write()
 
     @staticmethod
     def _check_name(name) -> None:
@@ -808,10 +828,14 @@ class MeshWorld:
             return torch.from_numpy(mirror.copy())
         return torch.from_numpy(mirror).to(self.device)
 
-    def _publish(self, structural: bool = False, pose: bool = False, enable: bool = False) -> int:
+    def _publish(self, structural: bool = False, pose: bool = False, enable: bool = False, env: int | None = None) -> int:
         """Publish the mirrors as a new snapshot; ``pose``/``enable`` name the only arrays that
-        changed, ``structural`` (geometries, slots or capacity changed) copies every array."""
+        changed, ``structural`` (geometries, slots or capacity changed) copies every array.
+        ``env``: the environment whose slot boxes moved (pose, geometry or slots changed): its
+        slot BVH is brought up to date before the next evaluation (slot_index)."""
         self._revision += 1
+        if env is not None:
+            self._slot_index.mark(env, self._revision, int(self._counts[env]))
         self._publish_snapshot(structural, pose, enable)
         return self._revision
 
@@ -841,6 +865,7 @@ class MeshWorld:
             sign_method=self.sign_method,
             sign_methods=tensors[4],
             _keepalive=(_Retention(geometries, tensors, ready, self._streams, self.device),),
+            _slot_index=self._slot_index,
         )
 
     def _build_snapshot(self) -> WorldSnapshot:
