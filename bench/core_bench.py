@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from typing import Callable, Iterator
 
 import numpy as np
@@ -564,6 +565,106 @@ def world_updates(b: Bench) -> None:
          "for the changed array (copy-on-write; a memcpy on the CPU, one host-to-device copy on CUDA).")
 
 
+def _slot_loop_args(world: MeshWorld) -> tuple:
+    """SdfMeshWarpPy's world arguments of ``world``'s snapshot with its per-slot sign methods as
+    trailing argument instead of the snapshot itself: the per-slot loop, no slot BVH."""
+    s = world.snapshot()
+    return (s.mesh_idx, s.mesh_pose_inverse, s.mesh_enable, s.n_env_mesh), s.sign_methods
+
+
+def far_obstacles(b: Bench) -> None:
+    """Issue 14: the same 16 near obstacles plus up to 4080 far ones (blocks beyond max_dist of
+    every sphere), 4096 spheres fwd+bwd near the near set, through MeshWorld's slot BVHs and
+    through the per-slot loop; then the cost of world updates at 4096 meshes."""
+    section(f"Far obstacles on {b.device}: 16 near meshes + far blocks, 4096 spheres fwd+bwd")
+    near = scenes.near_obstacles(16)
+    spheres = torch.from_numpy(scenes.near_surface_spheres(near, 4096)).reshape(1, 1, -1, 4).to(b.device)
+    totals = (16, 64, 1024) if b.quick else (16, 64, 1024, 4096)
+    rows, base, worlds = [], {}, {}
+    for total in totals:
+        world = MeshWorld(device=b.device, mesh_capacity=total, sign_method=SIGN, max_distance=scenes.MAX_DIST)
+        for m in near + scenes.far_obstacles(total - len(near)):
+            world.add_mesh(m.name, m.vertices, m.triangles, pose=m.pose)
+        worlds[total] = world
+        s = spheres.clone().requires_grad_(True)
+        loop_world, loop_sign = _slot_loop_args(world)
+        dev = world.device
+        one, eta, md = (torch.ones(1, device=dev), torch.full((1,), scenes.ACTIVATION, device=dev),
+                        torch.full((1,), scenes.MAX_DIST, device=dev))
+        out = (torch.empty(spheres.shape[:3], device=dev), torch.empty(spheres.shape, device=dev),
+               torch.zeros(spheres.shape[:3], dtype=torch.uint8, device=dev))
+
+        def tree(s=s, world=world) -> torch.Tensor:
+            s.grad = None
+            world.sphere_cost(s, scenes.ACTIVATION, 1.0).sum().backward()
+            return s.grad
+
+        def loop(s=s, loop_world=loop_world, loop_sign=loop_sign) -> torch.Tensor:
+            s.grad = None
+            SdfMeshWarpPy.apply(s, *out, one, eta, *loop_world, md, None, False, False, loop_sign).sum().backward()
+            return s.grad
+
+        cost_tree = world.sphere_cost(spheres, scenes.ACTIVATION, 1.0).detach().clone()
+        grad_tree = tree().clone()
+        grad_loop = loop().clone()
+        cost_loop = out[0].clone()
+        res = b.timed({"slot BVH": tree, "per-slot loop": loop}, budget_s=b.budget_s / 2)
+        for name, st in res.items():
+            base.setdefault(name, st.median)
+            rows.append([f"{total:,}", name, st.ms(), f"{1e9 * st.median / spheres.shape[2]:.0f}",
+                         f"{st.median / base[name]:.2f}x",
+                         f"{float((cost_tree - cost_loop).abs().max()):.1e} / "
+                         f"{float((grad_tree - grad_loop).abs().max()):.1e}" if name == "slot BVH" else ""])
+    emit(table(["meshes", "path", "fwd+bwd median ms (p25-p75)", "ns / sphere", "/ 16 meshes",
+                "max |cost diff| / |grad diff| vs loop"], rows))
+    emit(f"Spheres with cost > 0: {int((cost_tree > 0).sum())} of {spheres.shape[2]}. slot BVH = "
+         "MeshWorld.sphere_cost (snapshot as trailing argument); per-slot loop = SdfMeshWarpPy on the same "
+         "snapshot tensors with its per-slot sign methods (what raw cuRobo tensors get).")
+    world_update_costs(b, worlds[totals[-1]], spheres)
+
+
+def world_update_costs(b: Bench, world: MeshWorld, spheres: torch.Tensor) -> None:
+    """Pose, enable, ADD and REMOVE at ``world``'s size: the update call itself and the slot-BVH
+    maintenance the next evaluation pays for it (refit or rebuild), against one query."""
+    count = world.mesh_count()
+    section(f"World updates at {count:,} meshes on {b.device} (slot BVH maintenance included)")
+    v, t = scenes.box((0.1, 0.1, 0.1), 0.1)
+    reps = 20 if b.quick else 200
+    times: dict[str, list[float]] = {}
+
+    def timed(name: str, fn) -> None:
+        t0 = time.perf_counter()
+        fn()
+        times.setdefault(name, []).append(time.perf_counter() - t0)
+
+    maintain = world._update_slot_index
+    s = spheres.clone().requires_grad_(True)
+    for k in range(reps):
+        pose = (3.0 + 0.01 * (k % 2), -2.0, 0.0, 1.0, 0.0, 0.0, 0.0)
+        timed("set_pose (far block)", lambda: world.set_pose("far0", pose))
+        timed("  + refit before the next query", maintain)
+        timed("set_enabled", lambda: world.set_enabled("far1", bool(k % 2)))
+        timed("  + next query's maintenance (none)", maintain)
+        geo = (v * (1.0 + 1e-3 * (k + 1)), t)  # content never seen before: a geometry build
+        timed("ADD replacing a block's geometry (new content)", lambda: world.add_mesh("far2", *geo, pose=pose))
+        timed("  + refit before the next query ", maintain)
+        timed("ADD of a new id (cached geometry)", lambda: world.add_mesh("extra", v, t, pose=(3.0, 3.0, 0, 1, 0, 0, 0)))
+        timed("  + rebuild before the next query", maintain)
+        timed("REMOVE", lambda: world.remove_mesh("far3"))
+        timed("  + rebuild before the next query ", maintain)
+        world.add_mesh("far3", v, t, pose=(3.0, 2.0, 0, 1, 0, 0, 0))
+        world.remove_mesh("extra")
+        if k % 10 == 0:
+            maintain()
+            timed("query: sphere_cost fwd+bwd, 4096 spheres", lambda: world.sphere_cost(s, scenes.ACTIVATION, 1.0)
+                  .sum().backward())
+    rows = [[name, f"{1e6 * Stats.of(x).median:.0f} ({1e6 * Stats.of(x).p25:.0f}-{1e6 * Stats.of(x).p75:.0f})"]
+            for name, x in times.items()]
+    emit(table(["update", "median us (p25-p75)"], rows))
+    emit(f"Trees built {world._slot_index.builds}, refitted {world._slot_index.refits} in this world's life. "
+         "The maintenance runs once before the next evaluation however many updates came in between.")
+
+
 def _cuda_event_times(fn: Callable[[], object], reps: int) -> float:
     """Median GPU time [s] between events recorded around ``fn`` on the current stream."""
     times = []
@@ -614,6 +715,6 @@ def run(device: str = "cpu", quick: bool = False) -> None:
     """Print every core table."""
     b = Bench(device, quick)
     for part in (world_updates, call_overhead, standard_table, sphere_scaling, triangle_scaling, mppi_batch, sign_methods, swept_table,
-                 perception_free_space):
+                 perception_free_space, far_obstacles):
         part(b)
         emit(f"\n(load average after this table: {load_average()})")

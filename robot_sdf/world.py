@@ -187,6 +187,7 @@ class _Slot:
     geometry: _Geometry
     pose: np.ndarray  # (7,) float64, mesh in world
     enabled: bool
+    index: int = 0  # position in its env's slot list (kept by add_mesh / remove_mesh)
 
 
 def _triangles_digest(triangles: np.ndarray) -> bytes:
@@ -461,6 +462,8 @@ class MeshWorld:
         self._write_lock = threading.RLock()
         self._refit_lock = _ReadWriteLock()
         self._slots: list[list[_Slot]] = [[] for _ in range(self.num_envs)]
+        # name -> slot per env: updates find their slot in O(1) among thousands of obstacles.
+        self._by_name: list[dict[str, _Slot]] = [{} for _ in range(self.num_envs)]
         self._geometries: dict[bytes, _Geometry] = {}
         self._unused: OrderedDict[bytes, _Geometry] = OrderedDict()
         self._cache_size = int(geometry_cache_size)
@@ -563,7 +566,9 @@ class MeshWorld:
             geo = self._acquire_geometry(key, v, t, requested, prebuilt, name)
             slot = self._find(name, env)
             if slot is None:
-                self._slots[env].append(_Slot(name, geo, p, bool(enabled)))
+                slot = _Slot(name, geo, p, bool(enabled), len(self._slots[env]))
+                self._slots[env].append(slot)
+                self._by_name[env][name] = slot
                 if len(self._slots[env]) > self._capacity:
                     self._capacity = max(self._capacity * 2, len(self._slots[env]))
                     self._allocate_mirrors()
@@ -580,9 +585,13 @@ class MeshWorld:
     def remove_mesh(self, name: str, env: int = 0) -> int:
         with self._write_lock:
             slot = self._require(name, env)
-            self._slots[env].remove(slot)
+            index = self._index(env, slot)
+            del self._slots[env][index]
+            del self._by_name[env][name]
+            for later in self._slots[env][index:]:
+                later.index -= 1
             self._release_geometry(slot.geometry)
-            self._mirror_env(env)  # later slots move up by one: O(mesh_capacity)
+            self._shift_out(env, index)  # later slots move up by one
             return self._publish(structural=True, env=env)
 
     def set_pose(self, name: str, pose, env: int = 0) -> int:
@@ -713,16 +722,10 @@ class MeshWorld:
             raise ValueError(f"mesh id must be a non-empty string, got {name!r}")
 
     def _find(self, name: str, env: int) -> _Slot | None:
-        for slot in self._slots[env]:
-            if slot.name == name:
-                return slot
-        return None
+        return self._by_name[env].get(name)
 
     def _index(self, env: int, slot: _Slot) -> int:
-        for i, s in enumerate(self._slots[env]):
-            if s is slot:
-                return i
-        raise KeyError(slot.name)  # pragma: no cover - slots come from _require
+        return slot.index
 
     def _require(self, name: str, env: int) -> _Slot:
         self.check_env(env)
@@ -804,6 +807,19 @@ class MeshWorld:
         self._counts[env] = len(slots)
         for i in range(len(slots)):
             self._mirror_slot(env, i)
+
+    def _shift_out(self, env: int, i: int) -> None:
+        """Slot i of env was removed: move the later rows up by one and clear the freed last row
+        (numpy row copies, not a Python loop over the slots: thousands of obstacles per env)."""
+        n = len(self._slots[env])  # after the removal
+        for mirror in (self._ids, self._pose_inv, self._enable, self._methods):
+            mirror[env, i:n] = mirror[env, i + 1:n + 1].copy()
+        self._ids[env, n] = 0
+        self._pose_inv[env, n] = 0.0
+        self._pose_inv[env, n, 3] = 1.0
+        self._enable[env, n] = 0
+        self._methods[env, n] = 0
+        self._counts[env] = n
 
     def _mirror_slot(self, env: int, i: int) -> None:
         """Write slot i of env (geometry, pose, enable flag) into the mirrors."""
