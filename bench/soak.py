@@ -357,7 +357,7 @@ def run_load(workdir: Path, domain: int, args) -> dict:
 
 
 # ------------------------------------------------------------------------------ perception stream
-def _room_blocks(rng: np.random.Generator) -> tuple[list[str], np.ndarray]:
+def _room_blocks() -> tuple[list[str], np.ndarray]:
     """(ids, (N,3) centres) of the blocks of a 8 x 8 m room: the floor (16 x 16 blocks of 0.5 m)
     and four walls (16 columns x 12 rows each): 1024 blocks, as a TSDF/mesh-block mapper meshes a
     room (one mesh per block)."""
@@ -389,7 +389,7 @@ def run_perception(workdir: Path, domain: int, args) -> dict:
     from robot_sdf_interfaces.srv import EvaluateSphereCost
 
     rng = np.random.default_rng(14)
-    ids, centres = _room_blocks(rng)
+    ids, centres = _room_blocks()
     quiet_s, stream_s = args.perception_quiet, args.duration
     print(f"\n## Perception stream: {len(ids)} block meshes, {args.blocks_per_tick} changed blocks re-published "
           f"at {args.perception_hz:g} Hz for {stream_s:.0f} s ({quiet_s:.0f} s quiet before), {args.clients} clients "

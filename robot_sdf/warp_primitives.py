@@ -8,7 +8,10 @@ env_query_idx (b,) int32 or None.
 One argument beyond cuRobo's is accepted at the end of both: ``sign_method``: a SignMethod or its
 name for every slot, or an (n_env, m) uint8 tensor with one SignMethod per slot (a MeshWorld's
 ``snapshot().sign_methods``). The default, ``auto``, uses each mesh's own method as recorded when
-MeshWorld built it (``normal`` for meshes built elsewhere). A call-wide ``winding_number`` on a
+MeshWorld built it (``normal`` for meshes built elsewhere). A MeshWorld's WorldSnapshot itself may be
+passed there too (MeshWorld's own evaluations do): its per-slot sign methods are used and, where its
+world's slot BVHs describe it, a sphere visits only the slots near it (robot_sdf.slot_index);
+without one (raw cuRobo tensors) every slot of the sphere's environment is visited. A call-wide ``winding_number`` on a
 mesh built without winding-number support is refused (ValueError): Warp would read memory the
 mesh does not have. The tensors may live on the CPU or on CUDA (the mesh tensors on
 the spheres' device); Warp runs there, on torch's current stream. Outputs are fully rewritten on
