@@ -13,6 +13,9 @@ Layout (flattened from the torch tensors of design.md section 3):
     mesh_enable  (E, M) uint8
     n_env_mesh   (E,) int32
     env_query    (B,) int32   environment per batch row (read only when use_env_query != 0)
+    slot_bvh     (E + 1,) uint64  Warp BVH id over each environment's slot boxes (0 = visit every
+                              slot), a placeholder BVH last (robot_sdf.slot_index); any other
+                              length: every slot of every environment is visited
 Scalars that live in tensors (weight, activation distance, max distance, dt) are read in-kernel
 from 1-element arrays so that no host-device synchronisation is needed.
 """
