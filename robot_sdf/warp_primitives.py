@@ -34,7 +34,7 @@ import torch
 import warp as wp
 
 from robot_sdf import kernels, mesh_analysis
-from robot_sdf.types import SignMethod
+from robot_sdf.types import SignMethod, WorldSnapshot
 
 _CPU_MIN_SPHERES_PER_THREAD = 2048
 _cpu_pool: ThreadPoolExecutor | None = None
@@ -389,7 +389,7 @@ def unregister_mesh(mesh_id: int) -> None:
     _winding_support.pop(int(mesh_id), None)
 
 
-# Per device: (a (1,) int64 tensor holding the id of a BVH no query meets, that BVH).
+# Per device: (a (1,) int64 tensor holding the id of a BVH no query meets, that BVH, its descriptor).
 _no_slot_bvh: dict[torch.device, tuple] = {}
 
 
@@ -400,11 +400,10 @@ def _slot_bvh_arguments(sign_method, mesh_idx: torch.Tensor, mesh_pose_inverse: 
     The trailing argument may be a WorldSnapshot (what MeshWorld's evaluations pass): its per-slot
     sign methods are used and, when the call's mesh tensors are the snapshot's own and its world's
     slot BVHs describe it (slot_index), so are those; anything else visits every slot."""
-    slot_bvh = getattr(sign_method, "slot_bvh", None)
-    if slot_bvh is not None:
+    if type(sign_method) is WorldSnapshot:
         snap = sign_method
         sign_method = snap.sign_methods if snap.sign_methods is not None else snap.sign_method
-        ids = slot_bvh() if snap.mesh_idx is mesh_idx and snap.mesh_pose_inverse is mesh_pose_inverse else None
+        ids = snap.slot_bvh() if snap.mesh_idx is mesh_idx and snap.mesh_pose_inverse is mesh_pose_inverse else None
         if ids is not None and ids.device == device and ids.shape[0] == mesh_idx.shape[0] + 1:
             return sign_method, _cached(("slot_bvh", id(ids)), (ids,), lambda: _as_warp(ids))
     entry = _no_slot_bvh.get(device)
@@ -413,8 +412,8 @@ def _slot_bvh_arguments(sign_method, mesh_idx: torch.Tensor, mesh_pose_inverse: 
 
         bvh = placeholder_bvh(warp_device(device))
         ids = torch.tensor([np.uint64(bvh.id).astype(np.int64)], dtype=torch.int64, device=device)
-        entry = _no_slot_bvh.setdefault(device, (ids, bvh))
-    return sign_method, _cached(("no_slot_bvh", id(entry[0])), (entry[0],), lambda: _as_warp(entry[0]))
+        entry = _no_slot_bvh.setdefault(device, (ids, bvh, _as_warp(ids)))
+    return sign_method, entry[2]
 
 
 def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device) -> tuple:
@@ -533,9 +532,12 @@ def _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_po
                         sign_method, device: torch.device) -> tuple:
     """(weight, activation_distance, max_distance, mesh_idx, pose_inverse, enable, n_env_mesh,
     sign code, slot signs, slot BVHs) as launch arguments, after the same checks as on every call."""
-    sign_method, slot_bvh = _slot_bvh_arguments(sign_method, mesh_idx, mesh_pose_inverse, device)
+    if type(sign_method) is WorldSnapshot:
+        sign_method, slot_bvh = _slot_bvh_arguments(sign_method, mesh_idx, mesh_pose_inverse, device)
+        return _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
+                             n_env_mesh, sign_method, device)[:-1] + (slot_bvh,)
     return _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
-                         sign_method, device) + (slot_bvh,)
+                         sign_method, device)
 
 
 def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
@@ -551,7 +553,8 @@ def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inv
         return entry[2]
     values = (_scalar_warp(weight, device), _scalar_warp(activation_distance, device), _scalar_warp(max_dist, device),
               *_check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device),
-              *_sign_arguments(sign_method, mesh_idx, device))
+              *_sign_arguments(sign_method, mesh_idx, device),
+              _slot_bvh_arguments(None, mesh_idx, mesh_pose_inverse, device)[1])  # the loop's placeholder
     # Kept only when nothing in it is a per-call copy and no call-wide winding_number check
     # (which reads the mesh ids on every call) is involved.
     if key is not None and _is_kept_scalar(weight, device) and _is_kept_scalar(activation_distance, device) \
