@@ -625,6 +625,55 @@ def far_obstacles(b: Bench) -> None:
          "MeshWorld.sphere_cost (snapshot as trailing argument); per-slot loop = SdfMeshWarpPy on the same "
          "snapshot tensors with its per-slot sign methods (what raw cuRobo tensors get).")
     world_update_costs(b, worlds[totals[-1]], spheres)
+    multi_env_slots(b)
+
+
+def multi_env_slots(b: Bench) -> None:
+    """num_envs environments of 16 boxes each (one slot BVH per environment), 20 spheres per
+    environment picked by env_index: the trees' one-time build, a query through them against the
+    per-slot loop, and a pose change in every environment followed by one query (its refits)."""
+    envs = 64 if b.quick else 1024
+    section(f"Slot BVHs with {envs} environments x 16 boxes on {b.device}, 20 spheres per environment (fwd)")
+    rng = np.random.default_rng(scenes.STANDARD_SEED + 6)
+    world = MeshWorld(device=b.device, num_envs=envs, mesh_capacity=16, sign_method=SIGN, max_distance=scenes.MAX_DIST)
+    v, t = scenes.box((0.1, 0.1, 0.1), 0.1)
+    for env in range(envs):
+        for i in range(16):
+            world.add_mesh(f"m{i}", v, t, pose=(*rng.uniform(-1.0, 1.0, 3), 1.0, 0.0, 0.0, 0.0), env=env)
+    spheres = np.concatenate([rng.uniform(-1.0, 1.0, (envs, 1, 20, 3)), np.full((envs, 1, 20, 1), 0.05)], -1)
+    spheres = torch.from_numpy(spheres.astype(np.float32)).to(b.device)
+    env_index = torch.arange(envs, dtype=torch.int32, device=b.device)
+    t0 = time.perf_counter()
+    cost, _ = world.evaluate_sphere_cost(spheres, scenes.ACTIVATION, env_index=env_index)
+    first = time.perf_counter() - t0
+    loop_world, loop_sign = _slot_loop_args(world)
+    dev = world.device
+    one, eta, md = (torch.ones(1, device=dev), torch.full((1,), scenes.ACTIVATION, device=dev),
+                    torch.full((1,), scenes.MAX_DIST, device=dev))
+    out = (torch.empty(spheres.shape[:3], device=dev), torch.empty(spheres.shape, device=dev),
+           torch.zeros(spheres.shape[:3], dtype=torch.uint8, device=dev))
+
+    def loop() -> None:
+        SdfMeshWarpPy.apply(spheres, *out, one, eta, *loop_world, md, env_index, False, False, loop_sign)
+
+    loop()
+    res = b.timed({"slot BVH": lambda: world.evaluate_sphere_cost(spheres, scenes.ACTIVATION, env_index=env_index,
+                                                                   compute_gradient=False),
+                   "per-slot loop": loop}, budget_s=b.budget_s / 4)
+    t0 = time.perf_counter()
+    for env in range(envs):
+        world.set_pose("m3", (0.1, 0.1, 0.1, 1.0, 0.0, 0.0, 0.0), env=env)
+    poses = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    world.evaluate_sphere_cost(spheres, scenes.ACTIVATION, env_index=env_index, compute_gradient=False)
+    after = time.perf_counter() - t0
+    rows = [["first query (builds the trees)", fmt_ms(first)],
+            *[[f"query, {name}", st.ms()] for name, st in res.items()],
+            [f"set_pose in each of the {envs} environments", fmt_ms(poses)],
+            ["next query (refits every tree)", fmt_ms(after)]]
+    emit(table(["case", "ms"], rows))
+    emit(f"{int((cost > 0).sum())} of {cost.numel()} spheres with cost > 0; max |cost difference| slot BVH vs loop: "
+         f"{float((cost - out[0]).abs().max()):.1e}. Trees: {world._slot_index.tree_count()}.")
 
 
 def world_update_costs(b: Bench, world: MeshWorld, spheres: torch.Tensor) -> None:

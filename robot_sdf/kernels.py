@@ -395,19 +395,24 @@ def env_slot_bvh(slot_bvh: wp.array(dtype=wp.uint64), env: int, n_envs: int):
 
 @wp.kernel
 def slot_boxes_kernel(
-    pose_inv: wp.array3d(dtype=wp.float32), env: int, lowers: wp.array(dtype=wp.vec3), uppers: wp.array(dtype=wp.vec3)
+    pose_inv: wp.array3d(dtype=wp.float32),
+    envs: wp.array(dtype=wp.int32),
+    lowers: wp.array2d(dtype=wp.vec3),
+    uppers: wp.array2d(dtype=wp.vec3),
 ):
-    """World-space box of slot i of ``env``: the cube around the mesh origin's world position with
-    half-size the slot's cull radius (pose_inv[..., 7]; no surface and no inside point lies
-    beyond it), so a rotation never changes its size and a pose change needs a refit only."""
-    i = wp.tid()
-    t, q = slot_pose(pose_inv, env, i)
+    """World-space box of slot j of environment envs[i] (one launch for every changed env): the
+    cube around the mesh origin's world position with half-size the slot's cull radius
+    (pose_inv[..., 7]; no surface and no inside point lies beyond it), so a rotation never changes
+    its size and a pose change needs a refit only."""
+    i, j = wp.tid()
+    env = envs[i]
+    t, q = slot_pose(pose_inv, env, j)
     # p_mesh = q p + t = 0 at the mesh origin.
     centre = -wp.quat_rotate_inv(q, t)
-    r = pose_inv[env, i, 7]
+    r = pose_inv[env, j, 7]
     half = wp.vec3(r, r, r)
-    lowers[i] = centre - half
-    uppers[i] = centre + half
+    lowers[env, j] = centre - half
+    uppers[env, j] = centre + half
 
 
 @wp.func

@@ -58,7 +58,11 @@ class SlotIndex:
         self.device = device
         self._wdev = wdev
         self._placeholder = placeholder_bvh(wdev)
-        self._trees: list[tuple | None] = [None] * num_envs  # (bvh, lowers, uppers, count)
+        self._trees: list[tuple | None] = [None] * num_envs  # (bvh, slot count)
+        # World-space slot boxes, (num_envs, capacity) vec3 each; env e's tree is built over the
+        # first count entries of row e (views), so one launch refreshes every changed env.
+        self._lowers = None
+        self._uppers = None
         self._host_ids = np.zeros(num_envs + 1, np.uint64)
         self._host_ids[-1] = self._placeholder.id
         self.ids = torch.from_numpy(self._host_ids.view(np.int64).copy()).to(device)
@@ -97,30 +101,42 @@ class SlotIndex:
             self.stale_from = None
         if not dirty:
             return
+        capacity = int(pose_inverse.shape[1])
+        retired = []  # replaced trees (and box storage) live until the device is done with them (CUDA)
+        if self._lowers is None or self._lowers.shape[1] != capacity:
+            # The world's capacity grew: new box storage, and every tree (a view of the old
+            # storage) is rebuilt.
+            retired.append((self._lowers, self._uppers))
+            shape = (len(self._trees), capacity)
+            self._lowers = wp.empty(shape, dtype=wp.vec3, device=self._wdev)
+            self._uppers = wp.empty(shape, dtype=wp.vec3, device=self._wdev)
+            dirty |= {env for env, tree in enumerate(self._trees) if tree is not None}
+            retired.append(self._trees)
+            self._trees = [None] * len(self._trees)
+        envs = sorted(dirty)
         pose = wp.from_torch(pose_inverse.detach().contiguous(), dtype=wp.float32)
-        retired = []  # replaced trees live until the device is done with them (CUDA)
-        for env in sorted(dirty):
+        # One launch for the boxes of every changed environment (a launch per environment cost
+        # ~30 us each on the CPU: 1024 moved environments took 46 ms; now one launch and a refit each).
+        wp.launch(kernels.slot_boxes_kernel, dim=(len(envs), capacity),
+                  inputs=[pose, wp.array(np.asarray(envs, np.int32), dtype=wp.int32, device=self._wdev),
+                          self._lowers, self._uppers], device=self._wdev)
+        for env in envs:
             count = int(counts[env])
             tree = self._trees[env]
             if count < MIN_SLOTS:
                 retired.append(tree)
                 self._trees[env] = None
                 self._host_ids[env] = 0
-                continue
-            if tree is not None and tree[3] == count:
-                bvh, lowers, uppers, _ = tree
-                wp.launch(kernels.slot_boxes_kernel, dim=count, inputs=[pose, env, lowers, uppers], device=self._wdev)
-                bvh.refit()
+            elif tree is not None and tree[1] == count:
+                tree[0].refit()
                 self.refits += 1
-                continue
-            lowers = wp.empty(count, dtype=wp.vec3, device=self._wdev)
-            uppers = wp.empty(count, dtype=wp.vec3, device=self._wdev)
-            wp.launch(kernels.slot_boxes_kernel, dim=count, inputs=[pose, env, lowers, uppers], device=self._wdev)
-            bvh = wp.Bvh(lowers, uppers)
-            retired.append(tree)
-            self._trees[env] = (bvh, lowers, uppers, count)
-            self._host_ids[env] = bvh.id
-            self.builds += 1
+            else:
+                # A view of the env's row of the box storage: the tree reads it on every refit.
+                bvh = wp.Bvh(self._lowers[env][:count], self._uppers[env][:count])
+                retired.append(tree)
+                self._trees[env] = (bvh, count)
+                self._host_ids[env] = bvh.id
+                self.builds += 1
         if self.device.type == "cuda":
             # Rare (once per changed revision that is evaluated): wait for the builds here rather
             # than ordering every later evaluation stream after Warp's.

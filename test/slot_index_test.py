@@ -154,6 +154,18 @@ def test_slot_bvh_equals_loop_and_reference(device):
     _check_world(world, refs, rng, device)
     assert world._slot_index.builds == builds + N_ENVS
 
+    # Capacity growth reallocates the box storage: every tree is rebuilt over the new one.
+    capacity = world.capacity
+    k = 0
+    while world.capacity == capacity:
+        pose = np.concatenate([rng.uniform(-0.8, 0.8, 3), ref.random_quaternion(rng)])
+        world.add_mesh(f"grow{k}", v, t, pose=pose, env=2)
+        refs[2][f"grow{k}"] = ref.RefMesh(v, t, pose, True)
+        k += 1
+    builds = world._slot_index.builds
+    _check_world(world, refs, rng, device)
+    assert world._slot_index.builds == builds + N_ENVS
+
 
 def test_stale_snapshot_falls_back_to_the_loop(device):
     """A snapshot taken before a pose change is not described by the refitted trees: an
