@@ -42,8 +42,9 @@ _NOWHERE = 1.0e30
 
 
 def placeholder_bvh(wdev) -> wp.Bvh:
-    """A one-box BVH that no query meets (kernels need a valid id to start a query)."""
-    box = wp.array(np.full((1, 3), _NOWHERE, np.float32), dtype=wp.vec3, device=wdev)
+    """A BVH that no query meets (kernels need a valid id to start a query). Two boxes: a
+    builder's one-item case is the least exercised."""
+    box = wp.array(np.full((2, 3), _NOWHERE, np.float32), dtype=wp.vec3, device=wdev)
     return wp.Bvh(box, box)
 
 
