@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from typing import Callable, Iterator
 
 import numpy as np
@@ -31,6 +32,7 @@ from bench import scenes
 from bench.legacy_swept import legacy_swept_sphere_cost_kernel
 from robot_sdf import MeshWorld, SignMethod, kernels
 from robot_sdf.warp_primitives import (SdfMeshWarpPy, SweptSdfMeshWarpPy, _as_warp, _launch, _sign_arguments,
+                                       _slot_bvh_arguments,
                                        launch_swept_sphere_cost, warp_device)
 
 wp.set_module_options({"enable_backward": False})
@@ -166,7 +168,8 @@ class LegacySweptRunner:
         inputs = [_as_warp(r.spheres.view(-1, 4), dtype=wp.vec4), _as_warp(r.weight), _as_warp(r.eta),
                   _as_warp(r.max_dist), _as_warp(s.mesh_idx), _as_warp(s.mesh_pose_inverse),
                   _as_warp(s.mesh_enable), _as_warp(s.n_env_mesh), self.shape[1], self.shape[2], self.sweep_steps,
-                  *_sign_arguments(s.sign_method, s.mesh_idx, r.world.device)]
+                  *_sign_arguments(s.sign_method, s.mesh_idx, r.world.device),
+                  _slot_bvh_arguments(s, s.mesh_idx, s.mesh_pose_inverse, r.world.device)[1]]
         outputs = [_as_warp(r.cost.view(-1)), _as_warp(r.grad.view(-1, 4), dtype=wp.vec4),
                    _as_warp(self.evaluations.view(-1))]
         _launch(legacy_swept_sphere_cost_kernel, r.count, inputs, outputs, r.world.device)
@@ -562,6 +565,159 @@ def world_updates(b: Bench) -> None:
          "for the changed array (copy-on-write; a memcpy on the CPU, one host-to-device copy on CUDA).")
 
 
+def _slot_loop_args(world: MeshWorld) -> tuple:
+    """SdfMeshWarpPy's world arguments of ``world``'s snapshot with its per-slot sign methods as
+    trailing argument instead of the snapshot itself: the per-slot loop, no slot BVH."""
+    s = world.snapshot()
+    return (s.mesh_idx, s.mesh_pose_inverse, s.mesh_enable, s.n_env_mesh), s.sign_methods
+
+
+def far_obstacles(b: Bench) -> None:
+    """Issue 14: the same 16 near obstacles plus up to 4080 far ones (blocks beyond max_dist of
+    every sphere), 4096 spheres fwd+bwd near the near set, through MeshWorld's slot BVHs and
+    through the per-slot loop; then the cost of world updates at 4096 meshes."""
+    section(f"Far obstacles on {b.device}: 16 near meshes + far blocks, 4096 spheres fwd+bwd")
+    near = scenes.near_obstacles(16)
+    spheres = torch.from_numpy(scenes.near_surface_spheres(near, 4096)).reshape(1, 1, -1, 4).to(b.device)
+    totals = (16, 64, 1024) if b.quick else (16, 64, 1024, 4096)
+    cases, diffs, worlds = {}, {}, {}
+    for total in totals:
+        world = MeshWorld(device=b.device, mesh_capacity=total, sign_method=SIGN, max_distance=scenes.MAX_DIST)
+        for m in near + scenes.far_obstacles(total - len(near)):
+            world.add_mesh(m.name, m.vertices, m.triangles, pose=m.pose)
+        worlds[total] = world
+        s = spheres.clone().requires_grad_(True)
+        loop_world, loop_sign = _slot_loop_args(world)
+        dev = world.device
+        one, eta, md = (torch.ones(1, device=dev), torch.full((1,), scenes.ACTIVATION, device=dev),
+                        torch.full((1,), scenes.MAX_DIST, device=dev))
+        out = (torch.empty(spheres.shape[:3], device=dev), torch.empty(spheres.shape, device=dev),
+               torch.zeros(spheres.shape[:3], dtype=torch.uint8, device=dev))
+
+        def tree(s=s, world=world) -> torch.Tensor:
+            s.grad = None
+            world.sphere_cost(s, scenes.ACTIVATION, 1.0).sum().backward()
+            return s.grad
+
+        def loop(s=s, out=out, one=one, eta=eta, md=md, loop_world=loop_world, loop_sign=loop_sign) -> torch.Tensor:
+            s.grad = None
+            SdfMeshWarpPy.apply(s, *out, one, eta, *loop_world, md, None, False, False, loop_sign).sum().backward()
+            return s.grad
+
+        cost_tree = world.sphere_cost(spheres, scenes.ACTIVATION, 1.0).detach().clone()
+        grad_tree = tree().clone()
+        grad_loop = loop().clone()
+        diffs[total] = (float((cost_tree - out[0]).abs().max()), float((grad_tree - grad_loop).abs().max()))
+        cases[(total, "slot BVH")] = tree
+        cases[(total, "per-slot loop")] = loop
+    # Every case of every size in one interleaved measurement, so that the ratios across sizes
+    # (not only between the two paths of one size) see the same load.
+    res = b.timed(cases, budget_s=b.budget_s)
+    rows = []
+    for (total, name), st in res.items():
+        base = res[(totals[0], name)].median
+        rows.append([f"{total:,}", name, st.ms(), f"{1e9 * st.median / spheres.shape[2]:.0f}",
+                     f"{st.median / base:.2f}x",
+                     f"{diffs[total][0]:.1e} / {diffs[total][1]:.1e}" if name == "slot BVH" else ""])
+    emit(table(["meshes", "path", "fwd+bwd median ms (p25-p75)", "ns / sphere", "/ 16 meshes",
+                "max |cost diff| / |grad diff| vs loop"], rows))
+    emit(f"Spheres with cost > 0: {int((cost_tree > 0).sum())} of {spheres.shape[2]}. slot BVH = "
+         "MeshWorld.sphere_cost (snapshot as trailing argument); per-slot loop = SdfMeshWarpPy on the same "
+         "snapshot tensors with its per-slot sign methods (what raw cuRobo tensors get).")
+    world_update_costs(b, worlds[totals[-1]], spheres)
+    multi_env_slots(b)
+
+
+def multi_env_slots(b: Bench) -> None:
+    """num_envs environments of 16 boxes each (one slot BVH per environment), 20 spheres per
+    environment picked by env_index: the trees' one-time build, a query through them against the
+    per-slot loop, and a pose change in every environment followed by one query (its refits)."""
+    envs = 64 if b.quick else 1024
+    section(f"Slot BVHs with {envs} environments x 16 boxes on {b.device}, 20 spheres per environment (fwd)")
+    rng = np.random.default_rng(scenes.STANDARD_SEED + 6)
+    world = MeshWorld(device=b.device, num_envs=envs, mesh_capacity=16, sign_method=SIGN, max_distance=scenes.MAX_DIST)
+    v, t = scenes.box((0.1, 0.1, 0.1), 0.1)
+    for env in range(envs):
+        for i in range(16):
+            world.add_mesh(f"m{i}", v, t, pose=(*rng.uniform(-1.0, 1.0, 3), 1.0, 0.0, 0.0, 0.0), env=env)
+    spheres = np.concatenate([rng.uniform(-1.0, 1.0, (envs, 1, 20, 3)), np.full((envs, 1, 20, 1), 0.05)], -1)
+    spheres = torch.from_numpy(spheres.astype(np.float32)).to(b.device)
+    env_index = torch.arange(envs, dtype=torch.int32, device=b.device)
+    t0 = time.perf_counter()
+    cost, _ = world.evaluate_sphere_cost(spheres, scenes.ACTIVATION, env_index=env_index)
+    first = time.perf_counter() - t0
+    loop_world, loop_sign = _slot_loop_args(world)
+    dev = world.device
+    one, eta, md = (torch.ones(1, device=dev), torch.full((1,), scenes.ACTIVATION, device=dev),
+                    torch.full((1,), scenes.MAX_DIST, device=dev))
+    out = (torch.empty(spheres.shape[:3], device=dev), torch.empty(spheres.shape, device=dev),
+           torch.zeros(spheres.shape[:3], dtype=torch.uint8, device=dev))
+
+    def loop() -> None:
+        SdfMeshWarpPy.apply(spheres, *out, one, eta, *loop_world, md, env_index, False, False, loop_sign)
+
+    loop()
+    res = b.timed({"slot BVH": lambda: world.evaluate_sphere_cost(spheres, scenes.ACTIVATION, env_index=env_index,
+                                                                   compute_gradient=False),
+                   "per-slot loop": loop}, budget_s=b.budget_s / 4)
+    t0 = time.perf_counter()
+    for env in range(envs):
+        world.set_pose("m3", (0.1, 0.1, 0.1, 1.0, 0.0, 0.0, 0.0), env=env)
+    poses = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    world.evaluate_sphere_cost(spheres, scenes.ACTIVATION, env_index=env_index, compute_gradient=False)
+    after = time.perf_counter() - t0
+    rows = [["first query (builds the trees)", fmt_ms(first)],
+            *[[f"query, {name}", st.ms()] for name, st in res.items()],
+            [f"set_pose in each of the {envs} environments", fmt_ms(poses)],
+            ["next query (refits every tree)", fmt_ms(after)]]
+    emit(table(["case", "ms"], rows))
+    emit(f"{int((cost > 0).sum())} of {cost.numel()} spheres with cost > 0; max |cost difference| slot BVH vs loop: "
+         f"{float((cost - out[0]).abs().max()):.1e}. Trees: {world._slot_index.tree_count()}.")
+
+
+def world_update_costs(b: Bench, world: MeshWorld, spheres: torch.Tensor) -> None:
+    """Pose, enable, ADD and REMOVE at ``world``'s size: the update call itself and the slot-BVH
+    maintenance the next evaluation pays for it (refit or rebuild), against one query."""
+    count = world.mesh_count()
+    section(f"World updates at {count:,} meshes on {b.device} (slot BVH maintenance included)")
+    v, t = scenes.box((0.1, 0.1, 0.1), 0.1)
+    reps = 20 if b.quick else 200
+    times: dict[str, list[float]] = {}
+
+    def timed(name: str, fn) -> None:
+        t0 = time.perf_counter()
+        fn()
+        times.setdefault(name, []).append(time.perf_counter() - t0)
+
+    maintain = world._update_slot_index
+    s = spheres.clone().requires_grad_(True)
+    for k in range(reps):
+        pose = (3.0 + 0.01 * (k % 2), -2.0, 0.0, 1.0, 0.0, 0.0, 0.0)
+        timed("set_pose (far block)", lambda: world.set_pose("far0", pose))
+        timed("  + refit before the next query", maintain)
+        timed("set_enabled", lambda: world.set_enabled("far1", bool(k % 2)))
+        timed("  + next query's maintenance (none)", maintain)
+        geo = (v * (1.0 + 1e-3 * (k + 1)), t)  # content never seen before: a geometry build
+        timed("ADD replacing a block's geometry (new content)", lambda: world.add_mesh("far2", *geo, pose=pose))
+        timed("  + refit before the next query ", maintain)
+        timed("ADD of a new id (cached geometry)", lambda: world.add_mesh("extra", v, t, pose=(3.0, 3.0, 0, 1, 0, 0, 0)))
+        timed("  + rebuild before the next query", maintain)
+        timed("REMOVE", lambda: world.remove_mesh("far3"))
+        timed("  + rebuild before the next query ", maintain)
+        world.add_mesh("far3", v, t, pose=(3.0, 2.0, 0, 1, 0, 0, 0))
+        world.remove_mesh("extra")
+        if k % 10 == 0:
+            maintain()
+            timed("query: sphere_cost fwd+bwd, 4096 spheres", lambda: world.sphere_cost(s, scenes.ACTIVATION, 1.0)
+                  .sum().backward())
+    rows = [[name, f"{1e6 * Stats.of(x).median:.0f} ({1e6 * Stats.of(x).p25:.0f}-{1e6 * Stats.of(x).p75:.0f})"]
+            for name, x in times.items()]
+    emit(table(["update", "median us (p25-p75)"], rows))
+    emit(f"Trees built {world._slot_index.builds}, refitted {world._slot_index.refits} in this world's life. "
+         "The maintenance runs once before the next evaluation however many updates came in between.")
+
+
 def _cuda_event_times(fn: Callable[[], object], reps: int) -> float:
     """Median GPU time [s] between events recorded around ``fn`` on the current stream."""
     times = []
@@ -612,6 +768,6 @@ def run(device: str = "cpu", quick: bool = False) -> None:
     """Print every core table."""
     b = Bench(device, quick)
     for part in (world_updates, call_overhead, standard_table, sphere_scaling, triangle_scaling, mppi_batch, sign_methods, swept_table,
-                 perception_free_space):
+                 perception_free_space, far_obstacles):
         part(b)
         emit(f"\n(load average after this table: {load_average()})")

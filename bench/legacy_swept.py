@@ -31,6 +31,7 @@ def legacy_swept_sphere_cost_kernel(
     sweep_steps: int,
     sign_method: int,
     slot_sign: wp.array2d(dtype=wp.uint8),
+    slot_bvh: wp.array(dtype=wp.uint64),
     start: int,
     total: int,
     out_cost: wp.array(dtype=wp.float32),
@@ -53,7 +54,7 @@ def legacy_swept_sphere_cost_kernel(
     if radius >= 0.0:
         clearance0 = float(0.0)
         cost, grad, clearance0 = kernels.sphere_world_cost(
-            p, radius, eta, max_dist, 0, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign
+            p, radius, eta, max_dist, 0, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign, slot_bvh
         )
         evaluations = int(1)
         for side in range(2):
@@ -77,7 +78,7 @@ def legacy_swept_sphere_cost_kernel(
                 cq = float(0.0)
                 gq = wp.vec3(0.0, 0.0, 0.0)
                 cq, gq, clearance = kernels.sphere_world_cost(
-                    q, radius, eta, max_dist, 0, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign
+                    q, radius, eta, max_dist, 0, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign, slot_bvh
                 )
                 evaluations += 1
                 cost += cq

@@ -310,3 +310,32 @@ def workspace_points(count: int, seed: int = STANDARD_SEED + 4) -> np.ndarray:
     """(count, 3) float64 points uniform in a robot's workspace around the perception scan."""
     rng = np.random.default_rng(seed)
     return rng.uniform([-0.2, -0.9, 0.0], [1.8, 0.9, 1.5], size=(count, 3))
+
+
+# ------------------------------------------------------------------------- far obstacles scene
+def near_obstacles(count: int = 16, seed: int = STANDARD_SEED + 5) -> list[SceneMesh]:
+    """``count`` obstacles (boxes and icospheres of 0.15-0.3 m, a few hundred triangles each) at
+    rotated poses on a 4-wide grid with 0.5 m spacing around the origin: a robot's near set."""
+    rng = np.random.default_rng(seed)
+    shapes = [box((0.3, 0.2, 0.15), 0.05), icosphere(0.12, 3), box((0.15, 0.15, 0.3), 0.05)]
+    out = []
+    for i in range(count):
+        v, t = shapes[i % len(shapes)]
+        pose = np.concatenate([[0.5 * (i % 4) - 0.75, 0.5 * (i // 4 % 4) - 0.75, 0.5 * (i // 16)],
+                               _random_quaternion(rng)])
+        out.append(SceneMesh(f"near{i}", v, t, pose))
+    return out
+
+
+def far_obstacles(count: int) -> list[SceneMesh]:
+    """``count`` 0.1 m blocks (one shared geometry) on a 0.25 m grid that starts 2 m beyond the
+    near set (x >= 3 m): all farther than max_dist + radius + activation from every sphere near
+    the near set, like the blocks of a perception map of the rest of a room."""
+    v, t = box((0.1, 0.1, 0.1), 0.1)
+    side = max(1, math.ceil(count ** (1.0 / 3.0)))
+    out = []
+    for i in range(count):
+        x, y, z = i % side, i // side % side, i // (side * side)
+        pose = np.array([3.0 + 0.25 * x, -2.0 + 0.25 * y, 0.25 * z, 1.0, 0.0, 0.0, 0.0])
+        out.append(SceneMesh(f"far{i}", v, t, pose))
+    return out

@@ -20,6 +20,10 @@ Parts (``--only`` picks some, default all):
 - ``memory``: node RSS empty, peak and after 10M- and 50M-sphere requests (refused by the size
   limit, then accepted with the limit raised), after 40 distinct 200k-triangle meshes were
   ADDed and REMOVEd, and for a 5M-triangle mesh refused by max_triangles_per_mesh.
+- ``perception``: a room of 1024 block meshes; ``--blocks-per-tick`` (50) changed blocks
+  re-published (ADD of new geometry per block id) at ``--perception-hz`` (10) for ``--duration``
+  seconds while ``--clients`` clients query; query p50/p99 against the same room when quiet
+  (``--perception-quiet`` seconds first), publish->applied percentiles, lost updates.
 - ``stall``: 1000-sphere query latency while a 1M-triangle mesh is being added, against its
   quiet p99.
 """
@@ -347,6 +351,150 @@ def run_load(workdir: Path, domain: int, args) -> dict:
         step = max(1, len(rss) // 10)
         print("- node RSS MB over time: " + ", ".join(f"{t:.0f}s {m:.0f}" for t, m in rss[::step]))
         return {"failed": sum(failed), "lost": stats["published"] - received, "torn": torn[0], "final_ok": final_ok}
+    finally:
+        ros.close()
+        node.stop()
+
+
+# ------------------------------------------------------------------------------ perception stream
+def _room_blocks() -> tuple[list[str], np.ndarray]:
+    """(ids, (N,3) centres) of the blocks of a 8 x 8 m room: the floor (16 x 16 blocks of 0.5 m)
+    and four walls (16 columns x 12 rows each): 1024 blocks, as a TSDF/mesh-block mapper meshes a
+    room (one mesh per block)."""
+    g = 0.5 * (np.arange(16) - 7.5)
+    centres = [(x, y, 0.0) for x in g for y in g]
+    for row in range(12):
+        z = 0.25 + 0.5 * row
+        centres += [(x, -4.0, z) for x in g] + [(x, 4.0, z) for x in g]
+        centres += [(-4.0, y, z) for y in g] + [(4.0, y, z) for y in g]
+    return [f"block{i}" for i in range(len(centres))], np.asarray(centres, np.float64)
+
+
+def _block_mesh(rng: np.random.Generator):
+    """A block's surface piece: a closed 0.45 x 0.45 x 0.08 m slab whose corners move by up to
+    1 cm on every re-mesh (new content: the node builds a new geometry for every ADD)."""
+    v, t = _box((0.45, 0.45, 0.08))
+    return (v + rng.uniform(-0.01, 0.01, v.shape)).astype(np.float32), t
+
+
+def run_perception(workdir: Path, domain: int, args) -> dict:
+    """Issue 14: a perception-style producer keeps ~1000 block meshes of a room and re-publishes
+    ``--blocks-per-tick`` changed blocks (ADD of new geometry per block id) at ``--perception-hz``
+    while clients query; query latency against the same world when it is quiet."""
+    from diagnostic_msgs.msg import DiagnosticArray
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
+
+    from robot_sdf.ros.conversions import MESH_OBSTACLE_QOS, make_mesh_obstacle
+    from robot_sdf_interfaces.msg import MeshObstacle
+    from robot_sdf_interfaces.srv import EvaluateSphereCost
+
+    rng = np.random.default_rng(14)
+    ids, centres = _room_blocks()
+    quiet_s, stream_s = args.perception_quiet, args.duration
+    print(f"\n## Perception stream: {len(ids)} block meshes, {args.blocks_per_tick} changed blocks re-published "
+          f"at {args.perception_hz:g} Hz for {stream_s:.0f} s ({quiet_s:.0f} s quiet before), {args.clients} clients "
+          f"x {args.client_hz:g} Hz x 1000 spheres")
+    node = NodeProc(workdir / "perception", domain, dict(device="cpu", marker_rate_hz=0.0, slice_rate_hz=0.0,
+                                                         diagnostics_rate_hz=1.0, max_distance=MAX_D,
+                                                         mesh_capacity=len(ids) + 16))
+    ros = Ros(domain, "perception")
+    try:
+        pub = ros.node.create_publisher(MeshObstacle, f"{NODE}/mesh_obstacles", MESH_OBSTACLE_QOS)
+        diags: list[dict] = []
+        ros.node.create_subscription(
+            DiagnosticArray, "/diagnostics",
+            lambda m: diags.append({kv.key: kv.value for kv in m.status[0].values}) if m.status else None,
+            QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
+        sd = _sd_client(ros)
+        while pub.get_subscription_count() == 0:
+            time.sleep(0.05)
+        handshakes = handshake(pub, node, "perception")
+        t0 = time.perf_counter()
+        for name, c in zip(ids, centres):
+            pub.publish(make_mesh_obstacle(name, *_block_mesh(rng), [*c, 1, 0, 0, 0]))
+        rev = 0
+        deadline = time.monotonic() + 300
+        while rev < len(ids) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            rev = distances(ros, sd, [[100, 100, 100]])[1]
+        print(f"- room of {len(ids)} blocks applied (revision {rev}) {time.perf_counter() - t0:.1f} s after the "
+              "first ADD")
+        clients = [ros.node.create_client(EvaluateSphereCost, f"{NODE}/evaluate_sphere_cost")
+                   for _ in range(args.clients)]
+        for c in clients:
+            c.wait_for_service(timeout_sec=60)
+        # A robot in the middle of the room, its spheres down to the floor blocks.
+        spheres = np.concatenate([rng.uniform([-1.0, -1.0, 0.0], [1.0, 1.0, 1.2], (1000, 3)),
+                                  np.full((1000, 1), 0.05)], 1).astype(np.float32)
+        request = _cost_request(spheres)
+        phase = {"name": "quiet"}
+        latencies: dict[str, list[float]] = {"quiet": [], "stream": []}
+        failed = [0]
+        stop = threading.Event()
+        streaming = threading.Event()
+        published = [0]
+
+        def client(i):
+            while not stop.is_set():
+                t_call = time.perf_counter()
+                resp = ros.call(clients[i], request, timeout=10.0)
+                dt = time.perf_counter() - t_call
+                if resp is None or not resp.success:
+                    failed[0] += 1
+                else:
+                    latencies[phase["name"]].append(dt)
+                stop.wait(max(0.0, 1.0 / args.client_hz - dt))
+
+        def producer():
+            streaming.wait()
+            period = 1.0 / args.perception_hz
+            next_tick = time.monotonic()
+            while not stop.is_set():
+                for k in rng.choice(len(ids), args.blocks_per_tick, replace=False):
+                    msg = make_mesh_obstacle(ids[k], *_block_mesh(rng), [*centres[k], 1, 0, 0, 0])
+                    msg.header.stamp = ros.node.get_clock().now().to_msg()
+                    pub.publish(msg)
+                    published[0] += 1
+                next_tick += period
+                stop.wait(max(0.0, next_tick - time.monotonic()))
+
+        threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(len(clients))]
+        threads.append(threading.Thread(target=producer, daemon=True))
+        for th in threads:
+            th.start()
+        time.sleep(quiet_s)
+        n_diag = len(diags)
+        phase["name"] = "stream"
+        streaming.set()
+        time.sleep(stream_s)
+        stop.set()
+        for th in threads:
+            th.join(15)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(1.2)
+            if diags and diags[-1].get("updates_pending") == "0":
+                break
+        final = diags[-1] if diags else {}
+        stream_diags = diags[n_diag:]
+        received = int(final.get("updates_enqueued", 0)) - len(ids) - handshakes
+        p50s = [float(d.get("update_applied_p50_ms", "nan")) for d in stream_diags]
+        p99s = [float(d.get("update_applied_p99_ms", "nan")) for d in stream_diags]
+        quiet_p99 = float(np.percentile(latencies["quiet"], 99)) if latencies["quiet"] else float("nan")
+        stream_p99 = float(np.percentile(latencies["stream"], 99)) if latencies["stream"] else float("nan")
+        print(f"- query latency quiet: {pct(latencies['quiet'])}")
+        print(f"- query latency while streaming: {pct(latencies['stream'])}; p99 stream / quiet "
+              f"{stream_p99 / quiet_p99:.2f}x; failed calls {failed[0]}")
+        print(f"- block ADDs published {published[0]}, received by the node {received}, coalesced "
+              f"{final.get('updates_coalesced')}, stale skipped {final.get('updates_stale_skipped')}")
+        print(f"- publish->applied (node window at the end of the stream): p50 {final.get('update_applied_p50_ms')} ms, "
+              f"p99 {final.get('update_applied_p99_ms')} ms, max {final.get('update_applied_max_ms')} ms; "
+              f"per-second windows during the stream: median p50 {np.nanmedian(p50s) if p50s else float('nan'):.1f} ms, "
+              f"worst p99 {np.nanmax(p99s) if p99s else float('nan'):.1f} ms")
+        print(f"- apply time per update p50 {final.get('update_apply_p50_ms')} ms, p99 "
+              f"{final.get('update_apply_p99_ms')} ms; publish->received p50 {final.get('update_received_p50_ms')} ms, "
+              f"p99 {final.get('update_received_p99_ms')} ms")
+        return {"failed": failed[0], "lost": published[0] - received}
     finally:
         ros.close()
         node.stop()
@@ -752,8 +900,12 @@ def main(argv=None) -> int:
     parser.add_argument("--client-hz", type=float, default=50.0)
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--burst", type=int, default=1000)
-    parser.add_argument("--only", nargs="+", choices=("load", "faults", "burst", "memory", "stall"),
-                        default=["load", "faults", "burst", "memory", "stall"])
+    parser.add_argument("--perception-hz", type=float, default=10.0, help="perception stream: ticks per second")
+    parser.add_argument("--blocks-per-tick", type=int, default=50, help="perception stream: blocks re-meshed per tick")
+    parser.add_argument("--perception-quiet", type=float, default=20.0,
+                        help="perception stream: seconds of queries against the quiet room first")
+    parser.add_argument("--only", nargs="+", choices=("load", "faults", "burst", "memory", "stall", "perception"),
+                        default=["load", "perception", "faults", "burst", "memory", "stall"])
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds after which the whole run is aborted, every child process killed by pid "
                              "and the exit status is 2 (default: duration + 900)")
@@ -770,6 +922,9 @@ def main(argv=None) -> int:
         if "load" in args.only:
             r = run_load(tmp, domain, args)
             ok &= r["lost"] == 0 and r["torn"] == 0 and r["final_ok"]
+        if "perception" in args.only:
+            r = run_perception(tmp, 1 + (domain + 7) % 100, args)
+            ok &= r["failed"] == 0 and r["lost"] == 0
         if "faults" in args.only:
             ok &= all(run_faults(tmp, domain).values())
         if "burst" in args.only:

@@ -147,7 +147,7 @@ def sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, env_index=
     cost, grad, sparsity = _buffers(s)
     with world.reading() as snap:
         call = (cost, grad, sparsity, (w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable,
-                                       snap.n_env_mesh, max_d, env), snap.sign_methods)
+                                       snap.n_env_mesh, max_d, env), snap)
         direct = _sphere_cost_apply
         if direct is not None and not direct[1]():
             return direct[0](direct[2](s), call)
@@ -167,7 +167,7 @@ def swept_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, swee
     with world.reading() as snap:
         return SweptSdfMeshWarpPy.apply(s, cost, grad, sparsity, w, eta, dt, snap.mesh_idx,
                                         snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
-                                        int(sweep_steps), bool(enable_speed_metric), env, False, snap.sign_methods)
+                                        int(sweep_steps), bool(enable_speed_metric), env, False, snap)
 
 
 def signed_distance(world, points, env=0, max_distance=None, return_revision=False):
@@ -191,9 +191,9 @@ def signed_distance(world, points, env=0, max_distance=None, return_revision=Fal
         args = (spheres, cost, grad, sparsity, w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable,
                 snap.n_env_mesh, max_d, env_index)
         if spheres.requires_grad:
-            dist = SdfMeshWarpPy.apply(*args, False, True, snap.sign_methods)
+            dist = SdfMeshWarpPy.apply(*args, False, True, snap)
         else:
-            launch_sphere_cost(*args, compute_esdf=True, compute_grad=True, sign_method=snap.sign_methods)
+            launch_sphere_cost(*args, compute_esdf=True, compute_grad=True, sign_method=snap)
             dist = cost
         revision = snap.revision
     result = (dist.reshape(-1), grad.detach().reshape(-1, 4)[:, :3])
@@ -219,7 +219,7 @@ def evaluate_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, e
     with world.reading() as snap:
         launch_sphere_cost_fresh(s, cost, grad, sparsity, w, eta, snap.mesh_idx, snap.mesh_pose_inverse,
                                  snap.mesh_enable, snap.n_env_mesh, max_d, env, compute_grad=compute_gradient,
-                                 sign_method=snap.sign_methods)
+                                 sign_method=snap)
         revision = snap.revision
     result = (cost, grad[..., :3] if compute_gradient else None)
     return result + (revision,) if return_revision else result
@@ -240,7 +240,7 @@ def evaluate_swept_sphere_cost(world, spheres, activation_distance=0.05, weight=
     with world.reading() as snap:
         launch_swept_sphere_cost(s, cost, grad, sparsity, w, eta, dt, snap.mesh_idx, snap.mesh_pose_inverse,
                                  snap.mesh_enable, snap.n_env_mesh, max_d, int(sweep_steps), bool(enable_speed_metric),
-                                 env, compute_grad=compute_gradient, sign_method=snap.sign_methods)
+                                 env, compute_grad=compute_gradient, sign_method=snap)
         revision = snap.revision
     result = (cost, grad[..., :3] if compute_gradient else None)
     return result + (revision,) if return_revision else result

@@ -13,6 +13,9 @@ Layout (flattened from the torch tensors of design.md section 3):
     mesh_enable  (E, M) uint8
     n_env_mesh   (E,) int32
     env_query    (B,) int32   environment per batch row (read only when use_env_query != 0)
+    slot_bvh     (E + 1,) uint64  Warp BVH id over each environment's slot boxes (0 = visit every
+                              slot), a placeholder BVH last (robot_sdf.slot_index); any other
+                              length: every slot of every environment is visited
 Scalars that live in tensors (weight, activation distance, max distance, dt) are read in-kernel
 from 1-element arrays so that no host-device synchronisation is needed.
 """
@@ -375,6 +378,44 @@ def slot_pose(pose_inv: wp.array3d(dtype=wp.float32), env: int, slot: int):
 
 
 @wp.func
+def env_slot_bvh(slot_bvh: wp.array(dtype=wp.uint64), env: int, n_envs: int):
+    """(BVH id, 1) of env's slot BVH (robot_sdf.slot_index), or (the never-matching placeholder
+    BVH, 0) where the env has none: then its slots are visited one by one.
+
+    slot_bvh is (n_envs + 1,): one id per environment (0 = none) and the placeholder last; any
+    other length (the one-element placeholder of calls without a MeshWorld) means no env has one.
+    """
+    n = slot_bvh.shape[0]
+    if n == n_envs + 1:
+        bvh = slot_bvh[env]
+        if bvh != wp.uint64(0):
+            return bvh, 1
+    return slot_bvh[n - 1], 0
+
+
+@wp.kernel
+def slot_boxes_kernel(
+    pose_inv: wp.array3d(dtype=wp.float32),
+    envs: wp.array(dtype=wp.int32),
+    lowers: wp.array2d(dtype=wp.vec3),
+    uppers: wp.array2d(dtype=wp.vec3),
+):
+    """World-space box of slot j of environment envs[i] (one launch for every changed env): the
+    cube around the mesh origin's world position with half-size the slot's cull radius
+    (pose_inv[..., 7]; no surface and no inside point lies beyond it), so a rotation never changes
+    its size and a pose change needs a refit only."""
+    i, j = wp.tid()
+    env = envs[i]
+    t, q = slot_pose(pose_inv, env, j)
+    # p_mesh = q p + t = 0 at the mesh origin.
+    centre = -wp.quat_rotate_inv(q, t)
+    r = pose_inv[env, j, 7]
+    half = wp.vec3(r, r, r)
+    lowers[env, j] = centre - half
+    uppers[env, j] = centre + half
+
+
+@wp.func
 def slot_sign_method(sign_method: int, slot_sign: wp.array2d(dtype=wp.uint8), env: int, slot: int) -> int:
     """The call's sign method, or the slot's own when the call defers to the world (PER_SLOT)."""
     if sign_method == SIGN_PER_SLOT:
@@ -395,6 +436,7 @@ def sphere_world_cost(
     n_env_mesh: wp.array(dtype=wp.int32),
     sign_method: int,
     slot_sign: wp.array2d(dtype=wp.uint8),
+    slot_bvh: wp.array(dtype=wp.uint64),
 ):
     """Unweighted cost of one sphere summed over the meshes of ``env``, its world-frame gradient,
     and the clearance max(min_i sd_i - r - eta, 0) (= max_dist when no surface is in range)."""
@@ -402,7 +444,23 @@ def sphere_world_cost(
     grad = wp.vec3(0.0, 0.0, 0.0)
     bound = max_dist + radius + eta
     min_sd = bound
-    for slot in range(wp.min(n_env_mesh[env], mesh_idx.shape[1])):
+    count = wp.min(n_env_mesh[env], mesh_idx.shape[1])
+    bvh, use_bvh = env_slot_bvh(slot_bvh, env, n_env_mesh.shape[0])
+    reach = wp.vec3(bound, bound, bound)
+    query = wp.bvh_query_aabb(bvh, p - reach, p + reach)
+    slot = int(-1)
+    while True:
+        # The BVH's next hit (slots that may hold a surface or inside point within the query
+        # box), or simply the next slot. Inlined: the query's traversal state lives here.
+        if use_bvh != 0:
+            if not wp.bvh_query_next(query, slot):
+                break
+            if slot >= count:
+                continue
+        else:
+            slot += 1
+            if slot >= count:
+                break
         if mesh_enable[env, slot] == wp.uint8(0) or mesh_idx[env, slot] == wp.int64(0):
             continue
         t, q = slot_pose(pose_inv, env, slot)
@@ -439,11 +497,28 @@ def point_world_esdf(
     n_env_mesh: wp.array(dtype=wp.int32),
     sign_method: int,
     slot_sign: wp.array2d(dtype=wp.uint8),
+    slot_bvh: wp.array(dtype=wp.uint64),
 ):
     """max_i(-sd_i) over the meshes of ``env`` (-max_dist when none is in range) and its gradient."""
     best = -max_dist
     grad = wp.vec3(0.0, 0.0, 0.0)
-    for slot in range(wp.min(n_env_mesh[env], mesh_idx.shape[1])):
+    count = wp.min(n_env_mesh[env], mesh_idx.shape[1])
+    bvh, use_bvh = env_slot_bvh(slot_bvh, env, n_env_mesh.shape[0])
+    reach = wp.vec3(max_dist, max_dist, max_dist)
+    query = wp.bvh_query_aabb(bvh, p - reach, p + reach)
+    slot = int(-1)
+    while True:
+        # The BVH's next hit (slots that may hold a surface or inside point within the query
+        # box), or simply the next slot. Inlined: the query's traversal state lives here.
+        if use_bvh != 0:
+            if not wp.bvh_query_next(query, slot):
+                break
+            if slot >= count:
+                continue
+        else:
+            slot += 1
+            if slot >= count:
+                break
         if mesh_enable[env, slot] == wp.uint8(0) or mesh_idx[env, slot] == wp.int64(0):
             continue
         t, q = slot_pose(pose_inv, env, slot)
@@ -485,6 +560,7 @@ def sphere_cost_kernel(
     spheres_per_batch: int,
     sign_method: int,
     slot_sign: wp.array2d(dtype=wp.uint8),
+    slot_bvh: wp.array(dtype=wp.uint64),
     compute_esdf: int,
     compute_grad: int,
     start: int,
@@ -505,11 +581,11 @@ def sphere_cost_kernel(
     if compute_esdf != 0:
         cost = -max_distance[0]
         if env >= 0:
-            cost, grad = point_world_esdf(p, max_distance[0], env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign)
+            cost, grad = point_world_esdf(p, max_distance[0], env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign, slot_bvh)
     elif s[3] >= 0.0 and env >= 0:
         clearance = float(0.0)
         cost, grad, clearance = sphere_world_cost(
-            p, s[3], activation_distance[0], max_distance[0], env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign
+            p, s[3], activation_distance[0], max_distance[0], env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign, slot_bvh
         )
     cost = w * cost
     out_cost[tid] = cost
@@ -555,6 +631,7 @@ def swept_sphere_cost_kernel(
     enable_speed_metric: int,
     sign_method: int,
     slot_sign: wp.array2d(dtype=wp.uint8),
+    slot_bvh: wp.array(dtype=wp.uint64),
     compute_grad: int,
     count_evaluations: int,
     start: int,
@@ -623,7 +700,7 @@ def swept_sphere_cost_kernel(
         g0 = wp.vec3(0.0, 0.0, 0.0)
         clearance0 = float(0.0)
         c0, g0, clearance0 = sphere_world_cost(
-            p, radius, eta, bound0, env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign
+            p, radius, eta, bound0, env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign, slot_bvh
         )
         evaluations = int(1)
         cost = c0
@@ -656,7 +733,7 @@ def swept_sphere_cost_kernel(
                     clearance_k = float(0.0)
                     ck, gk, clearance_k = sphere_world_cost(
                         q, radius, eta, wp.min(max_dist, (0.5 - sk) * seg_len * REACH_MARGIN + REACH_SLACK), env, mesh_idx, pose_inv, mesh_enable,
-                        n_env_mesh, sign_method, slot_sign
+                        n_env_mesh, sign_method, slot_sign, slot_bvh
                     )
                     evaluations += 1
                     free_reach = wp.max(free_reach, sk * seg_len + clearance_k)

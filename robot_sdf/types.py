@@ -66,8 +66,9 @@ class WorldSnapshot:
     revision:          world revision this view was taken at
     sign_method:       the world's default SignMethod (may be AUTO)
     sign_methods:      (n_env, m) uint8, the concrete SignMethod of each slot (what ``auto`` chose
-                       for its geometry, or the method the mesh was added with); pass it as the
-                       autograd Functions' trailing ``sign_method`` argument
+                       for its geometry, or the method the mesh was added with); pass it, or
+                       the snapshot itself (then with its world's slot BVHs, see slot_bvh), as
+                       the autograd Functions' trailing ``sign_method`` argument
     """
 
     mesh_idx: torch.Tensor
@@ -79,6 +80,17 @@ class WorldSnapshot:
     sign_methods: torch.Tensor | None = None
     # Keeps the Warp meshes referenced by mesh_idx alive for as long as this view exists.
     _keepalive: tuple[Any, ...] = field(default=(), repr=False, compare=False)
+    # The world's slot BVHs (robot_sdf.slot_index.SlotIndex), or None.
+    _slot_index: Any = field(default=None, repr=False, compare=False)
+
+    def slot_bvh(self) -> "torch.Tensor | None":
+        """The (n_env + 1,) int64 slot-BVH ids the kernels take when they describe this snapshot
+        (its world has brought them up to date for it: evaluations inside ``reading()``), else
+        None (the kernels then visit every slot: same results, slower)."""
+        index = self._slot_index
+        if index is None or not index.serves(self.revision):
+            return None
+        return index.ids
 
     @property
     def device(self) -> torch.device:

@@ -8,7 +8,10 @@ env_query_idx (b,) int32 or None.
 One argument beyond cuRobo's is accepted at the end of both: ``sign_method``: a SignMethod or its
 name for every slot, or an (n_env, m) uint8 tensor with one SignMethod per slot (a MeshWorld's
 ``snapshot().sign_methods``). The default, ``auto``, uses each mesh's own method as recorded when
-MeshWorld built it (``normal`` for meshes built elsewhere). A call-wide ``winding_number`` on a
+MeshWorld built it (``normal`` for meshes built elsewhere). A MeshWorld's WorldSnapshot itself may be
+passed there too (MeshWorld's own evaluations do): its per-slot sign methods are used and, where its
+world's slot BVHs describe it, a sphere visits only the slots near it (robot_sdf.slot_index);
+without one (raw cuRobo tensors) every slot of the sphere's environment is visited. A call-wide ``winding_number`` on a
 mesh built without winding-number support is refused (ValueError): Warp would read memory the
 mesh does not have. The tensors may live on the CPU or on CUDA (the mesh tensors on
 the spheres' device); Warp runs there, on torch's current stream. Outputs are fully rewritten on
@@ -31,7 +34,7 @@ import torch
 import warp as wp
 
 from robot_sdf import kernels, mesh_analysis
-from robot_sdf.types import SignMethod
+from robot_sdf.types import SignMethod, WorldSnapshot
 
 _CPU_MIN_SPHERES_PER_THREAD = 2048
 _cpu_pool: ThreadPoolExecutor | None = None
@@ -386,6 +389,33 @@ def unregister_mesh(mesh_id: int) -> None:
     _winding_support.pop(int(mesh_id), None)
 
 
+# Per device: (a (1,) int64 tensor holding the id of a BVH no query meets, that BVH, its descriptor).
+_no_slot_bvh: dict[torch.device, tuple] = {}
+
+
+def _slot_bvh_arguments(sign_method, mesh_idx: torch.Tensor, mesh_pose_inverse: torch.Tensor,
+                        device: torch.device) -> tuple:
+    """(the sign method to use, the kernels' slot_bvh descriptor).
+
+    The trailing argument may be a WorldSnapshot (what MeshWorld's evaluations pass): its per-slot
+    sign methods are used and, when the call's mesh tensors are the snapshot's own and its world's
+    slot BVHs describe it (slot_index), so are those; anything else visits every slot."""
+    if type(sign_method) is WorldSnapshot:
+        snap = sign_method
+        sign_method = snap.sign_methods if snap.sign_methods is not None else snap.sign_method
+        ids = snap.slot_bvh() if snap.mesh_idx is mesh_idx and snap.mesh_pose_inverse is mesh_pose_inverse else None
+        if ids is not None and ids.device == device and ids.shape[0] == mesh_idx.shape[0] + 1:
+            return sign_method, _cached(("slot_bvh", id(ids)), (ids,), lambda: _as_warp(ids))
+    entry = _no_slot_bvh.get(device)
+    if entry is None:
+        from robot_sdf.slot_index import placeholder_bvh
+
+        bvh = placeholder_bvh(warp_device(device))
+        ids = torch.tensor([np.uint64(bvh.id).astype(np.int64)], dtype=torch.int64, device=device)
+        entry = _no_slot_bvh.setdefault(device, (ids, bvh, _as_warp(ids)))
+    return sign_method, entry[2]
+
+
 def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device) -> tuple:
     """(scalar code, (n_env, m) uint8 Warp array) for the kernels' sign arguments."""
     if isinstance(sign_method, torch.Tensor):
@@ -501,7 +531,17 @@ def _is_kept_scalar(t, device: torch.device) -> bool:
 def _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
                         sign_method, device: torch.device) -> tuple:
     """(weight, activation_distance, max_distance, mesh_idx, pose_inverse, enable, n_env_mesh,
-    sign code, slot signs) as launch arguments, after the same checks as on every call."""
+    sign code, slot signs, slot BVHs) as launch arguments, after the same checks as on every call."""
+    if type(sign_method) is WorldSnapshot:
+        sign_method, slot_bvh = _slot_bvh_arguments(sign_method, mesh_idx, mesh_pose_inverse, device)
+        return _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
+                             n_env_mesh, sign_method, device)[:-1] + (slot_bvh,)
+    return _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
+                         sign_method, device)
+
+
+def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
+                  sign_method, device: torch.device) -> tuple:
     per_slot = isinstance(sign_method, torch.Tensor)
     key = (device, id(weight), id(activation_distance), id(max_dist), id(mesh_idx), id(mesh_pose_inverse),
            id(mesh_enable), id(n_env_mesh), id(sign_method) if per_slot else sign_method)
@@ -513,7 +553,8 @@ def _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_po
         return entry[2]
     values = (_scalar_warp(weight, device), _scalar_warp(activation_distance, device), _scalar_warp(max_dist, device),
               *_check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device),
-              *_sign_arguments(sign_method, mesh_idx, device))
+              *_sign_arguments(sign_method, mesh_idx, device),
+              _slot_bvh_arguments(None, mesh_idx, mesh_pose_inverse, device)[1])  # the loop's placeholder
     # Kept only when nothing in it is a per-call copy and no call-wide winding_number check
     # (which reads the mesh ids on every call) is involved.
     if key is not None and _is_kept_scalar(weight, device) and _is_kept_scalar(activation_distance, device) \
@@ -629,9 +670,9 @@ def _sphere_cost_into(query_spheres, cost, grad, sparsity, b, h, n, weight, acti
 
 
 # sphere_cost_kernel's argument positions by kind, for the direct CPU call.
-_SPHERE_COST_CONSTANT_POSITIONS = (1, 2, 3, 4, 5, 6, 7, 11, 12)
-_SPHERE_COST_FLAT_POSITIONS = (0, 8, 17, 18, 19)  # spheres, env_query, out_cost, out_grad, out_sparsity
-_SPHERE_COST_VALUE_POSITIONS = (9, 10, 13, 14, 15, 16)  # use_env, per batch, esdf, grad, start, total
+_SPHERE_COST_CONSTANT_POSITIONS = (1, 2, 3, 4, 5, 6, 7, 11, 12, 13)
+_SPHERE_COST_FLAT_POSITIONS = (0, 8, 18, 19, 20)  # spheres, env_query, out_cost, out_grad, out_sparsity
+_SPHERE_COST_VALUE_POSITIONS = (9, 10, 14, 15, 16, 17)  # use_env, per batch, esdf, grad, start, total
 
 
 class SweptPartials:
@@ -693,6 +734,7 @@ def launch_swept_sphere_cost(
     spheres = _flat(spheres_data, 16)
     env_arr, use_env = _env_query(env_query_idx, b, device)
     world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
+    sign_method, slot_bvh = _slot_bvh_arguments(sign_method, mesh_idx, mesh_pose_inverse, device)
     if out_evaluations is not None and (tuple(out_evaluations.shape) != (b, h, n) or out_evaluations.dtype != torch.int32
                                         or out_evaluations.device != device or not out_evaluations.is_contiguous()):
         raise ValueError(f"out_evaluations must be a contiguous ({b}, {h}, {n}) int32 tensor on {device}")
@@ -702,7 +744,7 @@ def launch_swept_sphere_cost(
         spheres, _scalar_warp(weight, device), _scalar_warp(activation_distance, device),
         _scalar_warp(max_dist, device), _scalar_warp(speed_dt, device), *world, env_arr, use_env,
         h, n, int(sweep_steps), int(bool(enable_speed_metric)), *_sign_arguments(sign_method, mesh_idx, device),
-        int(bool(compute_grad)), int(out_evaluations is not None),
+        slot_bvh, int(bool(compute_grad)), int(out_evaluations is not None),
     ]
     outputs = [_as_warp(outs.cost.view(-1)), _as_warp(outs.sparsity.view(-1)), *partials.warp_arrays(),
                _as_warp(evaluations.view(-1))]

@@ -21,6 +21,7 @@ import torch
 import warp as wp
 
 from robot_sdf import cost, geometry, mesh_analysis
+from robot_sdf.slot_index import SlotIndex
 from robot_sdf.types import POSE_INVERSE_SIZE, SignMethod, WorldSnapshot
 from robot_sdf.warp_primitives import init_warp, register_mesh, unregister_mesh, warp_device
 
@@ -186,6 +187,7 @@ class _Slot:
     geometry: _Geometry
     pose: np.ndarray  # (7,) float64, mesh in world
     enabled: bool
+    index: int = 0  # position in its env's slot list (kept by add_mesh / remove_mesh)
 
 
 def _triangles_digest(triangles: np.ndarray) -> bytes:
@@ -410,6 +412,8 @@ class _WorldRead:
 
     def __enter__(self) -> WorldSnapshot:
         world = self._world
+        if not world._slot_index.current():
+            world._update_slot_index()
         world._refit_lock._acquire_read()
         snap = self._snapshot = world._snapshot
         if world._cuda:
@@ -458,6 +462,8 @@ class MeshWorld:
         self._write_lock = threading.RLock()
         self._refit_lock = _ReadWriteLock()
         self._slots: list[list[_Slot]] = [[] for _ in range(self.num_envs)]
+        # name -> slot per env: updates find their slot in O(1) among thousands of obstacles.
+        self._by_name: list[dict[str, _Slot]] = [{} for _ in range(self.num_envs)]
         self._geometries: dict[bytes, _Geometry] = {}
         self._unused: OrderedDict[bytes, _Geometry] = OrderedDict()
         self._cache_size = int(geometry_cache_size)
@@ -467,6 +473,7 @@ class MeshWorld:
         self._revision = 0
         self._streams = _StreamTracker()
         self._snapshot: WorldSnapshot | None = None
+        self._slot_index = SlotIndex(self.device, warp_device(self.device), self.num_envs)
         self._allocate_mirrors()
         self._publish_snapshot(structural=True)
 
@@ -559,7 +566,9 @@ class MeshWorld:
             geo = self._acquire_geometry(key, v, t, requested, prebuilt, name)
             slot = self._find(name, env)
             if slot is None:
-                self._slots[env].append(_Slot(name, geo, p, bool(enabled)))
+                slot = _Slot(name, geo, p, bool(enabled), len(self._slots[env]))
+                self._slots[env].append(slot)
+                self._by_name[env][name] = slot
                 if len(self._slots[env]) > self._capacity:
                     self._capacity = max(self._capacity * 2, len(self._slots[env]))
                     self._allocate_mirrors()
@@ -571,15 +580,19 @@ class MeshWorld:
                 slot.geometry, slot.pose, slot.enabled = geo, p, bool(enabled)
                 self._release_geometry(old)
                 self._mirror_slot(env, self._index(env, slot))
-            return self._publish(structural=True)
+            return self._publish(structural=True, env=env)
 
     def remove_mesh(self, name: str, env: int = 0) -> int:
         with self._write_lock:
             slot = self._require(name, env)
-            self._slots[env].remove(slot)
+            index = self._index(env, slot)
+            del self._slots[env][index]
+            del self._by_name[env][name]
+            for later in self._slots[env][index:]:
+                later.index -= 1
             self._release_geometry(slot.geometry)
-            self._mirror_env(env)  # later slots move up by one: O(mesh_capacity)
-            return self._publish(structural=True)
+            self._shift_out(env, index)  # later slots move up by one
+            return self._publish(structural=True, env=env)
 
     def set_pose(self, name: str, pose, env: int = 0) -> int:
         """Move a mesh: only the inverse-pose tensor changes.
@@ -593,7 +606,7 @@ class MeshWorld:
                 return self._revision
             slot.pose = p
             self._mirror_pose(env, self._index(env, slot))
-            return self._publish(pose=True)
+            return self._publish(pose=True, env=env)
 
     def set_enabled(self, name: str, enabled: bool, env: int = 0) -> int:
         """Enable or disable a mesh; no change (and no new revision) if it already is."""
@@ -649,8 +662,8 @@ class MeshWorld:
                     self._geometries[key] = old
                     # Only this slot uses the geometry (users == 1): its cull radius and pose.
                     self._mirror_slot(env, index)
-                    return self._publish(pose=True)
-            return self._publish(structural=True)
+                    return self._publish(pose=True, env=env)
+            return self._publish(structural=True, env=env)
 
     @staticmethod
     def _refit_key(name: str, v: np.ndarray, old: _Geometry) -> bytes:
@@ -687,22 +700,32 @@ class MeshWorld:
         # stream after the build or refit, and evaluations wait for it on their own stream.
         _graveyard.purge()
 
+    def _update_slot_index(self) -> None:
+        """Refit or rebuild the slot BVHs of the environments changed since the last evaluation,
+        for the current snapshot: once per evaluated revision however many changes came between.
+        Like a mesh refit it changes trees in place, so it waits for running evaluations (never
+        from a thread that is itself evaluating: nested reads keep the per-slot loop)."""
+        if getattr(self._refit_lock._held, "depth", 0):
+            return
+        with self._write_lock:
+            if self._slot_index.current():
+                return
+            with self._refit_lock.write():
+                self._sync_device_before_write()
+                snap = self._snapshot
+                self._slot_index.update(snap.mesh_pose_inverse, self._counts, snap.revision)
+                self._sync_device_after_write()
+
     @staticmethod
     def _check_name(name) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"mesh id must be a non-empty string, got {name!r}")
 
     def _find(self, name: str, env: int) -> _Slot | None:
-        for slot in self._slots[env]:
-            if slot.name == name:
-                return slot
-        return None
+        return self._by_name[env].get(name)
 
     def _index(self, env: int, slot: _Slot) -> int:
-        for i, s in enumerate(self._slots[env]):
-            if s is slot:
-                return i
-        raise KeyError(slot.name)  # pragma: no cover - slots come from _require
+        return slot.index
 
     def _require(self, name: str, env: int) -> _Slot:
         self.check_env(env)
@@ -785,6 +808,19 @@ class MeshWorld:
         for i in range(len(slots)):
             self._mirror_slot(env, i)
 
+    def _shift_out(self, env: int, i: int) -> None:
+        """Slot i of env was removed: move the later rows up by one and clear the freed last row
+        (numpy row copies, not a Python loop over the slots: thousands of obstacles per env)."""
+        n = len(self._slots[env])  # after the removal
+        for mirror in (self._ids, self._pose_inv, self._enable, self._methods):
+            mirror[env, i:n] = mirror[env, i + 1:n + 1].copy()
+        self._ids[env, n] = 0
+        self._pose_inv[env, n] = 0.0
+        self._pose_inv[env, n, 3] = 1.0
+        self._enable[env, n] = 0
+        self._methods[env, n] = 0
+        self._counts[env] = n
+
     def _mirror_slot(self, env: int, i: int) -> None:
         """Write slot i of env (geometry, pose, enable flag) into the mirrors."""
         slot = self._slots[env][i]
@@ -808,10 +844,14 @@ class MeshWorld:
             return torch.from_numpy(mirror.copy())
         return torch.from_numpy(mirror).to(self.device)
 
-    def _publish(self, structural: bool = False, pose: bool = False, enable: bool = False) -> int:
+    def _publish(self, structural: bool = False, pose: bool = False, enable: bool = False, env: int | None = None) -> int:
         """Publish the mirrors as a new snapshot; ``pose``/``enable`` name the only arrays that
-        changed, ``structural`` (geometries, slots or capacity changed) copies every array."""
+        changed, ``structural`` (geometries, slots or capacity changed) copies every array.
+        ``env``: the environment whose slot boxes moved (pose, geometry or slots changed): its
+        slot BVH is brought up to date before the next evaluation (slot_index)."""
         self._revision += 1
+        if env is not None:
+            self._slot_index.mark(env, self._revision, int(self._counts[env]))
         self._publish_snapshot(structural, pose, enable)
         return self._revision
 
@@ -841,6 +881,7 @@ class MeshWorld:
             sign_method=self.sign_method,
             sign_methods=tensors[4],
             _keepalive=(_Retention(geometries, tensors, ready, self._streams, self.device),),
+            _slot_index=self._slot_index,
         )
 
     def _build_snapshot(self) -> WorldSnapshot:
