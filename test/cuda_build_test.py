@@ -4,7 +4,8 @@ Warp's bundled NVRTC builds for a named architecture with no CUDA driver present
 that does not compile for CUDA fails here, in `make test`, not on a robot. Architectures:
 sm_87 (Jetson Orin), sm_89 (RTX 40, L4, L40), sm_90 (H100, H200). The cubins are cached
 (robot_sdf.tools.cuda_build.default_cache_dir, keyed by Warp's content hash of each module):
-about 50 s for all of them on a cold cache on the 2-core CI machine, a fraction of a second warm.
+about 45 s of CPU time for all of them on a cold cache on the 2-core CI machine (twice that in
+wall time when the machine is loaded), a fraction of a second warm.
 Per-kernel registers, spills and occupancy: bench/cuda_resources.py, docs/benchmarks.md.
 """
 from __future__ import annotations
