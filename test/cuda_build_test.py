@@ -120,3 +120,23 @@ def test_occupancy_of_known_register_counts():
     assert cuda_build.occupancy(40, 0).warps == 48
     # Shared memory: 34816 bytes per block -> 6 blocks in 233472 bytes.
     assert cuda_build.occupancy(24, 34816) == cuda_build.Occupancy(6, 48, 0.75, "shared memory")
+
+
+def test_launch_bounds_match_the_launches():
+    """A kernel declaring CUDA launch bounds fails to launch with larger blocks, and only a GPU
+    would show it: declared bounds must be the block size robot_sdf launches with, Warp's CUDA
+    default (no launch in the package names a block_dim)."""
+    import ast
+
+    bounded = 0
+    for module in cuda_build.kernel_modules():
+        for kernel in module.kernels.values():
+            bounds = kernel.options.get("launch_bounds")
+            if bounds is not None:
+                bounded += 1
+                assert (bounds if isinstance(bounds, int) else bounds[0]) == cuda_build.BLOCK_DIM, kernel.key
+    assert bounded >= 2  # the two query kernels (shared-memory spilling needs the bounds)
+    for path in (REPO / "robot_sdf").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "launch":
+                assert "block_dim" not in {k.arg for k in node.keywords}, f"{path}:{node.lineno}"
