@@ -545,7 +545,11 @@ def query_env(
     return env
 
 
-@wp.kernel
+# CUDA only: both query kernels sit at the 255-register cap and spill (docs/benchmarks.md, issue
+# 18); at that count an SM holds one 256-thread block, so shared memory is otherwise idle and
+# ptxas may put part of the spills there (up to the 48 KB static limit) instead of in local
+# memory. launch_bounds: Warp's default block size, which every launch of these kernels uses.
+@wp.kernel(enable_cuda_smem_spilling=True, launch_bounds=256)
 def sphere_cost_kernel(
     spheres: wp.array(dtype=wp.vec4),
     weight: wp.array(dtype=wp.float32),
@@ -612,7 +616,7 @@ def swept_sample_weight(k: int, sweep_steps: int, n_sides: int) -> float:
     return w
 
 
-@wp.kernel
+@wp.kernel(enable_cuda_smem_spilling=True, launch_bounds=256)
 def swept_sphere_cost_kernel(
     spheres: wp.array(dtype=wp.vec4),
     weight: wp.array(dtype=wp.float32),

@@ -39,6 +39,9 @@ import warp as wp
 
 from robot_sdf.types import SignMethod
 
+# Build-time analysis differentiates nothing: no adjoint kernels (half the compile).
+wp.set_module_options({"enable_backward": False})
+
 SIGN_DATA_MAGIC = 7.0e5  # an exact float32 that no velocity array of an ordinary mesh holds there
 SIGN_DATA_EXTRA = 5  # entries after the vertex and edge normals
 # Longest edge / height above which a triangle is a sliver: Warp's float32 closest-point search

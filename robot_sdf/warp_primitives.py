@@ -37,6 +37,10 @@ from robot_sdf import kernels, mesh_analysis
 from robot_sdf.types import SignMethod, WorldSnapshot
 
 _CPU_MIN_SPHERES_PER_THREAD = 2048
+# CPU launches go straight to the kernel hook (_CpuCall). False sends them through Warp's
+# recorded launch with its packed parameters instead, the path every CUDA launch takes, so that
+# tests run that path on a machine without a GPU (test/cuda_paths_test.py).
+CPU_DIRECT_CALLS = True
 _cpu_pool: ThreadPoolExecutor | None = None
 _cpu_pool_lock = threading.Lock()
 _initialised = False
@@ -214,7 +218,7 @@ def _replay(kernel, wdev, total: int, args: list, stream=None) -> None:
         if not isinstance(cmd, wp.Launch) or cmd.fwd_args is None:
             raise RuntimeError(f"Warp did not record a reusable launch of {kernel.key}")
         # CPU kernels without thread blocks go straight to their hook (Warp's invoke path).
-        fast = _CpuCall(cmd) if wdev.is_cpu and cmd.block_dim <= 1 and not cmd.adjoint else None
+        fast = _CpuCall(cmd) if CPU_DIRECT_CALLS and wdev.is_cpu and cmd.block_dim <= 1 and not cmd.adjoint else None
         _launches.by_kernel[key] = [cmd, total, fast]
         if fast is not None:
             fast(args)
