@@ -25,12 +25,13 @@ import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import numpy as np
 import torch
 import warp as wp
 
-from robot_sdf import kernels, mesh_analysis
+from robot_sdf import _internals, kernels, mesh_analysis
 from robot_sdf.types import SignMethod
 
 _CPU_MIN_SPHERES_PER_THREAD = 2048
@@ -204,6 +205,11 @@ def _replay(kernel, wdev, total: int, args: list, stream=None) -> None:
     """Launch ``kernel`` over ``total`` threads with ``args`` (its whole argument list, array
     arguments as descriptors or wp.arrays, scalars as Python numbers) through a recorded launch
     reused across calls."""
+    if not _internals.WARP_SHORTCUTS:
+        # Warp's public launch: the recorded-launch shortcuts below write into Warp's private
+        # Launch object, checked only on the versions robot_sdf._internals lists.
+        wp.launch(kernel, dim=total, inputs=args, device=wdev, stream=stream)
+        return
     key = (kernel, wdev.alias)
     entry = _launches.by_kernel.get(key)
     if entry is None:
@@ -246,7 +252,8 @@ def _cpu_call(kernel, device: torch.device, total: int) -> _CpuCall | None:
     """This thread's direct call of ``kernel`` on the CPU, set to ``total`` threads, when the
     launch runs as one serial chunk and an earlier launch through _launch has recorded it; else
     None (launch through _launch)."""
-    if device.type != "cpu" or total == 0 or total >= 2 * _CPU_MIN_SPHERES_PER_THREAD:
+    if device.type != "cpu" or total == 0 or total >= 2 * _CPU_MIN_SPHERES_PER_THREAD \
+            or not _internals.WARP_SHORTCUTS:
         return None
     entry = _launches.by_kernel.get((kernel, warp_device(device).alias))
     if entry is None or entry[2] is None:
@@ -405,7 +412,8 @@ def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device) -
         _check_winding_support(mesh_idx.detach().reshape(-1).cpu().numpy().astype(np.uint64))
     unused = _no_slot_sign.get(device)
     if unused is None:
-        unused = _no_slot_sign.setdefault(device, torch.zeros((1, 1), dtype=torch.uint8, device=device))
+        with _internals.plain_tensors():
+            unused = _no_slot_sign.setdefault(device, torch.zeros((1, 1), dtype=torch.uint8, device=device))
     return int(method), _cached(("no_sign", id(unused)), (unused,), lambda: _as_warp(unused))
 
 
@@ -465,7 +473,8 @@ def _env_tensor(env_query_idx, batch: int, device: torch.device) -> tuple[torch.
     if env_query_idx is None:
         unused = _no_env_query.get(device)
         if unused is None:
-            unused = _no_env_query.setdefault(device, torch.zeros(1, dtype=torch.int32, device=device))
+            with _internals.plain_tensors():
+                unused = _no_env_query.setdefault(device, torch.zeros(1, dtype=torch.int32, device=device))
         return unused, 0
     env = env_query_idx.reshape(-1)
     if env.shape[0] != batch:
@@ -722,49 +731,308 @@ _unused_ints: dict[torch.device, torch.Tensor] = {}
 def _unused_int(device: torch.device) -> torch.Tensor:
     t = _unused_ints.get(device)
     if t is None:
-        t = _unused_ints.setdefault(device, torch.zeros(1, dtype=torch.int32, device=device))
+        with _internals.plain_tensors():
+            t = _unused_ints.setdefault(device, torch.zeros(1, dtype=torch.int32, device=device))
     return t
+
+
+def launch_sphere_hessian(query_spheres, weight, activation_distance, mesh_idx, mesh_pose_inverse, mesh_enable,
+                          n_env_mesh, max_dist, env_query_idx=None, compute_esdf: bool = False,
+                          sign_method=SignMethod.AUTO) -> torch.Tensor:
+    """d^2 out_cost / d p^2 (b,h,n,3,3) float32 of launch_sphere_cost's value, per sphere, world frame.
+
+    Per mesh with penetration d > 0: c''(d) n n^T - c'(d) H_sd, H_sd the Hessian of the signed
+    distance (0 on a face, (I - n n^T)/sd at a vertex, (I - n n^T - e e^T)/sd on an edge);
+    compute_esdf: that of max_i(-sd_i). Undefined (as the gradient's jump) on medial axes and
+    region boundaries; 0 within 1e-6 m of a surface."""
+    b, h, n = _check_spheres(query_spheres)
+    device = query_spheres.device
+    spheres_data = query_spheres.detach().contiguous()
+    env, use_env = _env_tensor(env_query_idx, b, device)
+    constants = _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
+                                    n_env_mesh, sign_method, device)
+    hessian = torch.empty(b, h, n, 3, 3, dtype=torch.float32, device=device)
+    inputs = [_flat(spheres_data, 16), *constants[:7], _env_descriptor(env, use_env), use_env, h * n, *constants[7:],
+              int(bool(compute_esdf))]
+    _launch(kernels.sphere_hessian_kernel, b * h * n, inputs, [_flat(hessian, 36)], device)
+    return hessian
 
 
 # Elements below which torch runs an elementwise product on the calling thread (its grain size).
 _INTRA_OP_GRAIN = 32768
 
 
-class SdfMeshWarpPy(torch.autograd.Function):
-    """Collision cost of spheres against the meshes of a world (design.md sections 3-4)."""
+class _ForwardNote(threading.local):
+    """What a Function's forward hands to its setup_context (called right after it, on the same
+    thread): a decision or a buffer that is not an output (cuRobo's forward returns out_cost only)."""
+
+    value = None
+
+    def take(self):
+        value, self.value = self.value, None
+        return value
+
+
+_forward_note = _ForwardNote()
+
+
+class SphereCostArgs(NamedTuple):
+    """Everything of a sphere-cost launch but the spheres (launch_sphere_cost's arguments): one
+    tuple argument to the autograd Functions below, which torch.func unwraps like any pytree."""
+
+    weight: object
+    activation_distance: object
+    mesh_idx: torch.Tensor
+    mesh_pose_inverse: torch.Tensor
+    mesh_enable: torch.Tensor
+    n_env_mesh: torch.Tensor
+    max_dist: object
+    env_query_idx: torch.Tensor | None
+    compute_esdf: bool
+    sign_method: object
+
+    def launch(self, spheres: torch.Tensor, compute_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cost (b,h,n), gradient (b,h,n,4)) of float32 spheres (b,h,n,4), in fresh buffers."""
+        b, h, n, _ = spheres.shape
+        cost = torch.empty(b, h, n, dtype=torch.float32, device=spheres.device)
+        grad = torch.empty_like(spheres, memory_format=torch.contiguous_format)
+        sparsity = torch.empty_like(cost, dtype=torch.uint8)
+        launch_sphere_cost_fresh(spheres, cost, grad, sparsity, self.weight, self.activation_distance, self.mesh_idx,
+                                 self.mesh_pose_inverse, self.mesh_enable, self.n_env_mesh, self.max_dist,
+                                 self.env_query_idx, compute_esdf=self.compute_esdf, compute_grad=compute_grad,
+                                 sign_method=self.sign_method)
+        return cost, grad
+
+    def hessian(self, spheres: torch.Tensor) -> torch.Tensor:
+        return launch_sphere_hessian(spheres, self.weight, self.activation_distance, self.mesh_idx,
+                                     self.mesh_pose_inverse, self.mesh_enable, self.n_env_mesh, self.max_dist,
+                                     self.env_query_idx, self.compute_esdf, self.sign_method)
+
+
+# --- torch.func (vmap) support: a vmapped dimension folds into the batch dimension b.
+
+def _vmap_batch(info, tensors_and_dims) -> tuple:
+    """Each (tensor or None, its vmapped dim or None) -> the tensor with the vmapped dimension
+    (batch size info.batch_size) first; an unbatched tensor is expanded to it."""
+    out = []
+    for t, dim in tensors_and_dims:
+        if t is None:
+            out.append(None)
+        elif dim is None:
+            out.append(t.unsqueeze(0).expand(info.batch_size, *t.shape))
+        else:
+            out.append(t.movedim(dim, 0))
+    return tuple(out)
+
+
+def _fold(t: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, b, ...) -> (B*b, ...)."""
+    return None if t is None else t.reshape(t.shape[0] * t.shape[1], *t.shape[2:])
+
+
+def _refuse_batched_world(names_and_dims) -> None:
+    for name, dim in names_and_dims:
+        if dim is not None:
+            raise ValueError(f"robot_sdf: vmap over {name} is not supported (vmap over spheres and env_query_idx; "
+                             "world tensors are shared by every sample)")
+
+
+def _args_dims(args: SphereCostArgs, dims) -> tuple:
+    """The vmapped dim of env_query_idx in a SphereCostArgs' in_dims (None or a like tuple),
+    after refusing vmap over any other member."""
+    if dims is None:
+        return None
+    _refuse_batched_world((name, d) for name, d in zip(SphereCostArgs._fields, dims) if name != "env_query_idx")
+    return dims[7]
+
+
+def _fold_args(info, spheres, spheres_dim, args: SphereCostArgs, env_dim):
+    """spheres (B,b,h,n,4) folded to (B*b,h,n,4), and args with env_query_idx folded to match."""
+    spheres_b, env_b = _vmap_batch(info, ((spheres, spheres_dim), (args.env_query_idx, env_dim)))
+    b = spheres_b.shape[1]
+    if env_b is None and info.batch_size > 1:
+        env_b = None  # environment 0 for every row, as before folding
+    folded_env = None if env_b is None else env_b.reshape(info.batch_size, b).reshape(-1)
+    return _fold(spheres_b), args._replace(env_query_idx=folded_env)
+
+
+def _unfold(t: torch.Tensor, batch_size: int) -> torch.Tensor:
+    return t.reshape(batch_size, t.shape[0] // batch_size, *t.shape[1:])
+
+
+def _pad_radius(g3: torch.Tensor) -> torch.Tensor:
+    """(..., 3) -> (..., 4) with a zero radius component."""
+    return torch.cat([g3, torch.zeros_like(g3[..., :1])], dim=-1)
+
+
+def _hessian_product(spheres: torch.Tensor, vector: torch.Tensor, args: SphereCostArgs) -> torch.Tensor:
+    """H v (b,h,n,4), H the per-sphere Hessian of the cost, v (b,h,n,4) (its radius ignored)."""
+    hess = SphereHessian.apply(spheres, args)
+    return _pad_radius(torch.matmul(hess.to(vector.dtype), vector[..., :3].unsqueeze(-1)).squeeze(-1))
+
+
+class SphereHessian(torch.autograd.Function):
+    """SphereHessian.apply(spheres (b,h,n,4), args: SphereCostArgs) -> (b,h,n,3,3): the per-sphere
+    Hessian of the cost, for second derivatives. Third derivatives are refused."""
 
     @staticmethod
-    def forward(
-        ctx, query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
-        mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx=None, return_loss=False,
-        compute_esdf=False, sign_method=SignMethod.AUTO,
-    ):
-        compute_grad = bool(ctx.needs_input_grad[0])
-        launch_sphere_cost(
-            query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
-            mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx,
-            compute_esdf=compute_esdf, compute_grad=compute_grad, sign_method=sign_method,
-        )
-        ctx.save_for_backward(out_grad)
-        ctx.return_loss = return_loss
-        return out_cost
+    def forward(spheres, args):
+        return args.hessian(spheres)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
 
     @staticmethod
     def backward(ctx, grad_output):
-        (out_grad,) = ctx.saved_tensors
+        raise RuntimeError("robot_sdf: derivatives of the collision cost beyond the second are not implemented")
+
+    @staticmethod
+    def vmap(info, in_dims, spheres, args):
+        folded, fargs = _fold_args(info, spheres, in_dims[0], args, _args_dims(args, in_dims[1]))
+        return _unfold(SphereHessian.apply(folded, fargs), info.batch_size), 0
+
+
+class SphereGradient(torch.autograd.Function):
+    """SphereGradient.apply(spheres, gradient (b,h,n,4), args) -> gradient: the cost gradient
+    computed in forward, passed through as a function of the spheres whose own derivative is the
+    Hessian (double backward, forward-over-reverse)."""
+
+    @staticmethod
+    def forward(spheres, gradient, args):
+        return gradient.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+        ctx.save_for_forward(inputs[0])
+        ctx.args = inputs[2]
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (spheres,) = ctx.saved_tensors
+        return _hessian_product(spheres, grad_output, ctx.args), None, None
+
+    @staticmethod
+    def jvp(ctx, spheres_tangent, gradient_tangent, _):
+        (spheres,) = ctx.saved_tensors
+        return _hessian_product(spheres, spheres_tangent, ctx.args)
+
+    @staticmethod
+    def vmap(info, in_dims, spheres, gradient, args):
+        env_dim = _args_dims(args, in_dims[2])
+        folded, fargs = _fold_args(info, spheres, in_dims[0], args, env_dim)
+        (grad_b,) = _vmap_batch(info, ((gradient, in_dims[1]),))
+        return _unfold(SphereGradient.apply(folded, _fold(grad_b), fargs), info.batch_size), 0
+
+
+def sphere_cost_vjp(grad_output: torch.Tensor, spheres: torch.Tensor, gradient: torch.Tensor,
+                    args: SphereCostArgs) -> torch.Tensor:
+    """d (sum grad_output * cost) / d spheres (b,h,n,4) from the forward's gradient (b,h,n,4): the
+    backward shared by SdfMeshWarpPy and robot_sdf.cost. With create_graph the gradient goes
+    through SphereGradient, so that a second backward gets the Hessian."""
+    if torch.is_grad_enabled():
+        return grad_output.unsqueeze(-1) * SphereGradient.apply(spheres, gradient, args)
+    # out_grad[..., 3] is zero, so the radius gets no gradient.
+    if gradient.numel() >= _INTRA_OP_GRAIN and gradient.device.type == "cpu" \
+            and grad_output.dtype == torch.float32 and not grad_output.requires_grad \
+            and type(grad_output) is torch.Tensor and grad_output.layout == torch.strided:
+        # The same float32 products on the calling thread: torch splits a product this
+        # large over its intra-op threads, and on a loaded CPU that barrier waits for a
+        # busy core (5-8 ms per call on 2 shared cores, against 0.2-0.4 ms for the product).
+        # Smaller products run on one thread anyway: torch's own path is cheaper there.
+        try:
+            return torch.from_numpy(np.multiply(grad_output.resolve_neg().numpy()[..., None], gradient.numpy()))
+        except (RuntimeError, TypeError):  # a tensor numpy cannot view (functorch wrapper): torch's path
+            pass
+    return grad_output.unsqueeze(-1) * gradient
+
+
+def sphere_cost_jvp(tangent: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
+    """Forward-mode tangent (b,h,n) of the cost: the gradient (b,h,n,4) dotted with the spheres'
+    tangent (b,h,n,4) (gradient[..., 3] is 0: the radius does not count)."""
+    return (gradient.to(tangent.dtype) * tangent).sum(-1)
+
+
+class SdfMeshWarpPy(torch.autograd.Function):
+    """Collision cost of spheres against the meshes of a world (design.md sections 3-4).
+
+    Besides ordinary backward: torch.func (grad, vmap, jacrev, jacfwd, jvp), forward-mode AD and
+    exact double backward (module robot_sdf.cost's notes). Under a vmap the vmapped dimension folds
+    into b and fresh outputs are returned (the caller's buffers are not written); under the
+    torch.func transforms and forward-mode AD, forward does not see that a gradient is wanted,
+    so out_grad is zero-filled and backward / jvp evaluate the gradient once more."""
+
+    @staticmethod
+    def forward(
+        query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
+        mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx=None, return_loss=False,
+        compute_esdf=False, sign_method=SignMethod.AUTO,
+    ):
+        launch_sphere_cost(
+            query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
+            mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx,
+            compute_esdf=compute_esdf, compute_grad=query_spheres.requires_grad, sign_method=sign_method,
+        )
+        _forward_note.value = query_spheres.requires_grad
+        return out_cost
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        query_spheres, out_grad = inputs[0], inputs[2]
+        ctx.args = SphereCostArgs(*inputs[4:12], bool(inputs[13]), inputs[14])
+        ctx.grad_computed = _forward_note.take()  # did forward fill out_grad?
+        ctx.save_for_backward(query_spheres, out_grad)
+        ctx.save_for_forward(query_spheres, out_grad)
+
+    @staticmethod
+    def _gradient(ctx, spheres, out_grad):
+        if ctx.grad_computed:
+            return out_grad
+        return ctx.args.launch(spheres.detach())[1]
+
+    @staticmethod
+    def backward(ctx, grad_output):
         grad_spheres = None
         if ctx.needs_input_grad[0]:
-            # out_grad[..., 3] is zero, so the radius gets no gradient.
-            if out_grad.numel() >= _INTRA_OP_GRAIN and out_grad.device.type == "cpu" \
-                    and grad_output.dtype == torch.float32 and not grad_output.requires_grad:
-                # The same float32 products on the calling thread: torch splits a product this
-                # large over its intra-op threads, and on a loaded CPU that barrier waits for a
-                # busy core (5-8 ms per call on 2 shared cores, against 0.2-0.4 ms for the product).
-                # Smaller products run on one thread anyway: torch's own path is cheaper there.
-                grad_spheres = torch.from_numpy(np.multiply(grad_output.resolve_neg().numpy()[..., None], out_grad.numpy()))
-            else:
-                grad_spheres = grad_output.unsqueeze(-1) * out_grad
+            spheres, out_grad = ctx.saved_tensors
+            grad_spheres = sphere_cost_vjp(grad_output, spheres, SdfMeshWarpPy._gradient(ctx, spheres, out_grad),
+                                           ctx.args)
         return (grad_spheres,) + (None,) * 14
+
+    @staticmethod
+    def jvp(ctx, spheres_tangent, *_):
+        spheres, out_grad = ctx.saved_tensors
+        return sphere_cost_jvp(spheres_tangent, SdfMeshWarpPy._gradient(ctx, spheres, out_grad))
+
+    @staticmethod
+    def vmap(info, in_dims, query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
+             mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx=None, return_loss=False,
+             compute_esdf=False, sign_method=SignMethod.AUTO):
+        _refuse_batched_world(zip(("weight", "activation_distance", "mesh_idx", "mesh_pose_inverse", "mesh_enable",
+                                   "n_env_mesh", "max_dist", "sign_method"), in_dims[4:11] + in_dims[14:15]))
+        args = SphereCostArgs(weight, activation_distance, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
+                              max_dist, env_query_idx, bool(compute_esdf), sign_method)
+        spheres, fargs = _fold_args(info, query_spheres, in_dims[0], args, in_dims[11])
+        b, h, n, _ = spheres.shape
+        cost = torch.empty(b, h, n, dtype=torch.float32, device=spheres.device)
+        grad = torch.empty(b, h, n, 4, dtype=torch.float32, device=spheres.device)
+        sparsity = torch.empty(b, h, n, dtype=torch.uint8, device=spheres.device)
+        out = SdfMeshWarpPy.apply(spheres, cost, grad, sparsity, weight, activation_distance, mesh_idx,
+                                  mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, fargs.env_query_idx,
+                                  return_loss, compute_esdf, sign_method)
+        return _unfold(out, info.batch_size), 0
+
+
+def swept_jvp(tangent: torch.Tensor, partials: torch.Tensor) -> torch.Tensor:
+    """Forward-mode tangent (b,h,n) of the swept costs: own[t].dp[t] + to_prev[t].dp[t-1] +
+    to_next[t].dp[t+1], from the partials (3,b,h,n,3) and the spheres' tangent (b,h,n,4)."""
+    own, to_prev, to_next = partials.to(tangent.dtype).unbind(0)
+    dp = tangent[..., :3]
+    out = (own * dp).sum(-1)
+    out[:, 1:] = out[:, 1:] + (to_prev[:, 1:] * dp[:, :-1]).sum(-1)
+    out[:, :-1] = out[:, :-1] + (to_next[:, :-1] * dp[:, 1:]).sum(-1)
+    return out
 
 
 class SweptSdfMeshWarpPy(torch.autograd.Function):
@@ -772,32 +1040,83 @@ class SweptSdfMeshWarpPy(torch.autograd.Function):
 
     cost_t depends on p[t-1], p[t] and p[t+1]. out_grad holds, per sphere, the gradient of the
     summed cost (what cuRobo-style MPCs read); backward applies the chain rule for any
-    grad_output from the per-step partials computed in forward (swept_chain_rule).
+    grad_output from the per-step partials computed in forward (swept_chain_rule), jvp the
+    forward-mode one (swept_jvp); torch.func's transforms work as for SdfMeshWarpPy. Double
+    backward is refused (once_differentiable). The trailing ``compute_grad`` (None: decide from
+    query_spheres.requires_grad) lets in-process callers ask for the partials explicitly.
     """
 
     @staticmethod
     def forward(
-        ctx, query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,
+        query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,
         mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps=1,
         enable_speed_metric=False, env_query_idx=None, return_loss=False, sign_method=SignMethod.AUTO,
+        compute_grad=None,
     ):
-        compute_grad = bool(ctx.needs_input_grad[0])
+        want = query_spheres.requires_grad if compute_grad is None else bool(compute_grad)
         partials = launch_swept_sphere_cost(
             query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,
             mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps,
-            enable_speed_metric, env_query_idx, compute_grad=compute_grad, sign_method=sign_method,
+            enable_speed_metric, env_query_idx, compute_grad=want, sign_method=sign_method,
         )
-        if partials is not None:
-            ctx.save_for_backward(partials.buffer)
+        _forward_note.value = partials.buffer if partials is not None else None
         return out_cost
 
     @staticmethod
+    def setup_context(ctx, inputs, output):
+        partials = _forward_note.take()
+        if partials is None:
+            partials = output.new_empty(0)
+        ctx.inputs = (inputs[0],) + tuple(inputs[4:])
+        ctx.save_for_backward(inputs[0], partials)
+        ctx.save_for_forward(inputs[0], partials)
+
+    @staticmethod
+    def _partials(ctx, spheres, partials):
+        if partials.numel():
+            return partials
+        # Forward did not see that a gradient is wanted (torch.func, forward-mode AD): once more.
+        s = spheres.detach()
+        b, h, n, _ = s.shape
+        rest = list(ctx.inputs[1:])
+        rest[-1] = True
+        cost = torch.empty(b, h, n, dtype=torch.float32, device=s.device)
+        SweptSdfMeshWarpPy.forward(s, cost, torch.empty_like(s, memory_format=torch.contiguous_format),
+                                   torch.empty_like(cost, dtype=torch.uint8), *rest)
+        return _forward_note.take()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
         grad_spheres = None
         if ctx.needs_input_grad[0]:
-            (buffer,) = ctx.saved_tensors
-            own, to_prev, to_next = buffer.unbind(0)
-            grad = swept_chain_rule(own, to_prev, to_next, grad_output)
+            spheres, partials = ctx.saved_tensors
+            own, to_prev, to_next = SweptSdfMeshWarpPy._partials(ctx, spheres, partials).unbind(0)
             # The radius gets no gradient.
-            grad_spheres = torch.cat([grad, torch.zeros_like(grad[..., :1])], dim=-1)
-        return (grad_spheres,) + (None,) * 16
+            grad_spheres = _pad_radius(swept_chain_rule(own, to_prev, to_next, grad_output))
+        return (grad_spheres,) + (None,) * 17
+
+    @staticmethod
+    def jvp(ctx, spheres_tangent, *_):
+        spheres, partials = ctx.saved_tensors
+        return swept_jvp(spheres_tangent, SweptSdfMeshWarpPy._partials(ctx, spheres, partials))
+
+    @staticmethod
+    def vmap(info, in_dims, query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,
+             mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps=1,
+             enable_speed_metric=False, env_query_idx=None, return_loss=False, sign_method=SignMethod.AUTO,
+             compute_grad=None):
+        _refuse_batched_world(zip(("weight", "activation_distance", "speed_dt", "mesh_idx", "mesh_pose_inverse",
+                                   "mesh_enable", "n_env_mesh", "max_dist", "sign_method"),
+                                  in_dims[4:12] + in_dims[16:17]))
+        spheres, env = _vmap_batch(info, ((query_spheres, in_dims[0]), (env_query_idx, in_dims[14])))
+        spheres = _fold(spheres)
+        env = None if env is None else env.reshape(-1)
+        b, h, n, _ = spheres.shape
+        cost = torch.empty(b, h, n, dtype=torch.float32, device=spheres.device)
+        out = SweptSdfMeshWarpPy.apply(spheres, cost, torch.empty(b, h, n, 4, dtype=torch.float32, device=spheres.device),
+                                       torch.empty(b, h, n, dtype=torch.uint8, device=spheres.device), weight,
+                                       activation_distance, speed_dt, mesh_idx, mesh_pose_inverse, mesh_enable,
+                                       n_env_mesh, max_dist, sweep_steps, enable_speed_metric, env, return_loss,
+                                       sign_method, compute_grad)
+        return _unfold(out, info.batch_size), 0

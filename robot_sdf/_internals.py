@@ -1,0 +1,67 @@
+"""The one place where robot_sdf reaches into private internals of torch, for per-call overhead.
+
+Each shortcut is used only on the library versions it was checked against (SUPPORTED_*) and has
+a public equivalent that test/autograd_contract_test.py compares it with; on other versions the
+public path is taken. (Warp's recorded-launch shortcut, warp_primitives._CpuCall, has the same
+gate: WARP_SHORTCUTS.)
+
+- direct_apply: torch.autograd.Function.apply is a Python wrapper around the C entry point
+  (torch._C._FunctionBase.apply): it binds default arguments with inspect.signature for
+  Functions with a setup_context, and, unless a torch.func transform is active, unwraps dead
+  torch.func wrappers before calling the entry point. For a Function whose forward has no
+  default arguments, the shortcut does the same with two C calls, a few microseconds less per
+  evaluation; under an active transform it goes through the public apply.
+- plain_tensors: torch._C._DisableFuncTorch, so that module-level caches of constant tensors made
+  inside a torch.func transform hold plain tensors. Without it (other torch versions) a cache
+  entry first made under a transform would be a wrapper that escapes it.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import warp as wp
+
+SUPPORTED_TORCH = ("2.13",)
+SUPPORTED_WARP = ("1.19",)
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+TORCH_SHORTCUTS = _minor(torch.__version__) in SUPPORTED_TORCH
+WARP_SHORTCUTS = _minor(wp.config.version) in SUPPORTED_WARP
+
+
+def public_apply(function):
+    return function.apply
+
+
+def direct_apply(function):
+    """A callable equal to ``function.apply`` (positional arguments, none defaulted), through
+    torch's C entry point when this torch is one the shortcut was checked on."""
+    if not TORCH_SHORTCUTS:
+        return function.apply
+    try:
+        entry = super(torch.autograd.Function, function).apply
+        active = torch._C._are_functorch_transforms_active
+        unwrap = torch._C._functorch.unwrap_if_dead
+    except AttributeError:  # pragma: no cover - layout differs despite the version
+        return function.apply
+    public = function.apply
+
+    def apply(spheres, args):
+        if active():
+            return public(spheres, args)
+        return entry(unwrap(spheres), args)
+
+    return apply
+
+
+def plain_tensors():
+    """Context in which new tensors are plain even under a torch.func transform (module-level
+    caches of constant tensors outlive the transform that first asked for them; a tensor made
+    inside one would be a wrapper of that transform's level)."""
+    disable = getattr(torch._C, "_DisableFuncTorch", None) if TORCH_SHORTCUTS else None
+    return disable() if disable is not None else contextlib.nullcontext()
