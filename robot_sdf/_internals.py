@@ -11,6 +11,9 @@ gate: WARP_SHORTCUTS.)
   torch.func wrappers before calling the entry point. For a Function whose forward has no
   default arguments, the shortcut does the same with two C calls, a few microseconds less per
   evaluation; under an active transform it goes through the public apply.
+- transforms_active: torch._C._are_functorch_transforms_active (what Function.apply itself
+  asks), so that forward computes a gradient under torch.func even though the tensors it sees
+  do not require grad; without it, whenever grad mode is on.
 - plain_tensors: torch._C._DisableFuncTorch, so that module-level caches of constant tensors made
   inside a torch.func transform hold plain tensors. Without it (other torch versions) a cache
   entry first made under a transform would be a wrapper that escapes it.
@@ -18,8 +21,10 @@ gate: WARP_SHORTCUTS.)
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import torch
+from torch.autograd import forward_ad
 import warp as wp
 
 SUPPORTED_TORCH = ("2.13",)
@@ -65,3 +70,27 @@ def plain_tensors():
     inside one would be a wrapper of that transform's level)."""
     disable = getattr(torch._C, "_DisableFuncTorch", None) if TORCH_SHORTCUTS else None
     return disable() if disable is not None else contextlib.nullcontext()
+
+
+def transforms_active() -> bool:
+    """Whether a torch.func transform (grad, vmap, jvp, ...) is active: then a Function's forward
+    cannot see that a gradient will be asked for, so callers compute it. True where the check is
+    not available (gradients are then computed whenever grad mode is on: correct, if slower)."""
+    if TORCH_SHORTCUTS:
+        check = getattr(torch._C, "_are_functorch_transforms_active", None)
+        if check is not None:
+            return bool(check())
+    return torch.is_grad_enabled()
+
+
+def may_need_gradient(t: torch.Tensor) -> bool:
+    """Whether a derivative w.r.t. ``t`` may be asked for: it requires grad (ordinary autograd), a
+    torch.func transform is active, or it carries a forward-mode tangent (forward_ad)."""
+    return t.requires_grad or transforms_active() or forward_ad.unpack_dual(t).tangent is not None
+
+
+def bind_arguments(function, args: tuple, kwargs: dict) -> list:
+    """All arguments of ``function.forward`` as a positional list, defaults filled in."""
+    bound = inspect.signature(function.forward).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return list(bound.args)

@@ -23,7 +23,6 @@ can be evaluated.
 from __future__ import annotations
 
 import torch
-from torch.autograd import forward_ad
 
 from robot_sdf import _internals
 from robot_sdf.warp_primitives import (
@@ -144,7 +143,7 @@ class _SphereCost(torch.autograd.Function):
         ctx.save_for_forward(gradient)
 
     @staticmethod
-    def backward(ctx, grad_output, _):
+    def backward(ctx, grad_output, *_):
         spheres, gradient = ctx.saved_tensors
         return sphere_cost_vjp(grad_output, spheres, gradient, ctx.args), None
 
@@ -163,13 +162,6 @@ class _SphereCost(torch.autograd.Function):
 
 # _SphereCost.apply without torch's Python wrapper where that is safe (robot_sdf._internals).
 _sphere_cost_apply = _internals.direct_apply(_SphereCost)
-
-
-def _may_need_gradient(s: torch.Tensor) -> bool:
-    """Whether a gradient of s may be asked for: it requires grad (ordinary autograd, torch.func.grad
-    and jacrev) or carries a forward-mode tangent (forward_ad, jvp, jacfwd). Where neither shows
-    (grad of a vmap), backward evaluates the gradient once more."""
-    return s.requires_grad or forward_ad.unpack_dual(s).tangent is not None
 
 
 def _as_input_dtype(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -207,7 +199,7 @@ def swept_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, swee
                                                      enable_speed_metric, env, max_distance), spheres)
     cost, grad, sparsity = _buffers(s)
     # Partials only when a gradient may be asked for (a no-grad rollout skips them).
-    want = _may_need_gradient(s)
+    want = _internals.may_need_gradient(s)
     with world.reading() as snap:
         cost = SweptSdfMeshWarpPy.apply(s, cost, grad, sparsity, w, eta, dt, snap.mesh_idx,
                                         snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,

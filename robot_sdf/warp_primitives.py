@@ -762,18 +762,6 @@ def launch_sphere_hessian(query_spheres, weight, activation_distance, mesh_idx, 
 _INTRA_OP_GRAIN = 32768
 
 
-class _ForwardNote(threading.local):
-    """What a Function's forward hands to its setup_context (called right after it, on the same
-    thread): a decision or a buffer that is not an output (cuRobo's forward returns out_cost only)."""
-
-    value = None
-
-    def take(self):
-        value, self.value = self.value, None
-        return value
-
-
-_forward_note = _ForwardNote()
 
 
 class SphereCostArgs(NamedTuple):
@@ -954,61 +942,46 @@ def sphere_cost_jvp(tangent: torch.Tensor, gradient: torch.Tensor) -> torch.Tens
     return (gradient.to(tangent.dtype) * tangent).sum(-1)
 
 
-class SdfMeshWarpPy(torch.autograd.Function):
-    """Collision cost of spheres against the meshes of a world (design.md sections 3-4).
-
-    Besides ordinary backward: torch.func (grad, vmap, jacrev, jacfwd, jvp), forward-mode AD and
-    exact double backward (module robot_sdf.cost's notes). Under a vmap the vmapped dimension folds
-    into b and fresh outputs are returned (the caller's buffers are not written); under the
-    torch.func transforms and forward-mode AD, forward does not see that a gradient is wanted,
-    so out_grad is zero-filled and backward / jvp evaluate the gradient once more."""
+class _SdfMeshWarpPy(torch.autograd.Function):
+    """SdfMeshWarpPy's Function: forward returns (out_cost, a non-differentiable second output)."""
 
     @staticmethod
     def forward(
         query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
         mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx=None, return_loss=False,
-        compute_esdf=False, sign_method=SignMethod.AUTO,
+        compute_esdf=False, sign_method=SignMethod.AUTO, compute_grad=None,
     ):
         launch_sphere_cost(
             query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
             mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx,
-            compute_esdf=compute_esdf, compute_grad=query_spheres.requires_grad, sign_method=sign_method,
+            compute_esdf=compute_esdf, compute_grad=bool(compute_grad), sign_method=sign_method,
         )
-        _forward_note.value = query_spheres.requires_grad
-        return out_cost
+        return out_cost, out_grad
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        query_spheres, out_grad = inputs[0], inputs[2]
+        ctx.mark_non_differentiable(output[1])
         ctx.args = SphereCostArgs(*inputs[4:12], bool(inputs[13]), inputs[14])
-        ctx.grad_computed = _forward_note.take()  # did forward fill out_grad?
-        ctx.save_for_backward(query_spheres, out_grad)
-        ctx.save_for_forward(query_spheres, out_grad)
+        ctx.save_for_backward(inputs[0], output[1])
+        ctx.save_for_forward(output[1])
 
     @staticmethod
-    def _gradient(ctx, spheres, out_grad):
-        if ctx.grad_computed:
-            return out_grad
-        return ctx.args.launch(spheres.detach())[1]
-
-    @staticmethod
-    def backward(ctx, grad_output):
+    def backward(ctx, grad_output, *_):
         grad_spheres = None
         if ctx.needs_input_grad[0]:
-            spheres, out_grad = ctx.saved_tensors
-            grad_spheres = sphere_cost_vjp(grad_output, spheres, SdfMeshWarpPy._gradient(ctx, spheres, out_grad),
-                                           ctx.args)
-        return (grad_spheres,) + (None,) * 14
+            spheres, gradient = ctx.saved_tensors
+            grad_spheres = sphere_cost_vjp(grad_output, spheres, gradient, ctx.args)
+        return (grad_spheres,) + (None,) * 15
 
     @staticmethod
     def jvp(ctx, spheres_tangent, *_):
-        spheres, out_grad = ctx.saved_tensors
-        return sphere_cost_jvp(spheres_tangent, SdfMeshWarpPy._gradient(ctx, spheres, out_grad))
+        (gradient,) = ctx.saved_tensors
+        return sphere_cost_jvp(spheres_tangent, gradient), None
 
     @staticmethod
     def vmap(info, in_dims, query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
-             mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx=None, return_loss=False,
-             compute_esdf=False, sign_method=SignMethod.AUTO):
+             mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx, return_loss, compute_esdf,
+             sign_method, compute_grad):
         _refuse_batched_world(zip(("weight", "activation_distance", "mesh_idx", "mesh_pose_inverse", "mesh_enable",
                                    "n_env_mesh", "max_dist", "sign_method"), in_dims[4:11] + in_dims[14:15]))
         args = SphereCostArgs(weight, activation_distance, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
@@ -1018,10 +991,61 @@ class SdfMeshWarpPy(torch.autograd.Function):
         cost = torch.empty(b, h, n, dtype=torch.float32, device=spheres.device)
         grad = torch.empty(b, h, n, 4, dtype=torch.float32, device=spheres.device)
         sparsity = torch.empty(b, h, n, dtype=torch.uint8, device=spheres.device)
-        out = SdfMeshWarpPy.apply(spheres, cost, grad, sparsity, weight, activation_distance, mesh_idx,
-                                  mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, fargs.env_query_idx,
-                                  return_loss, compute_esdf, sign_method)
-        return _unfold(out, info.batch_size), 0
+        cost, grad = _SdfMeshWarpPy.apply(
+            spheres, cost, grad, sparsity, weight, activation_distance, mesh_idx, mesh_pose_inverse, mesh_enable,
+            n_env_mesh, max_dist, fargs.env_query_idx, return_loss, compute_esdf, sign_method, compute_grad)
+        return (_unfold(cost, info.batch_size), _unfold(grad, info.batch_size)), (0, 0)
+
+
+class SdfMeshWarpPy(_SdfMeshWarpPy):
+    """Collision cost of spheres against the meshes of a world (design.md sections 3-4).
+
+    ``apply`` returns out_cost as cuRobo's does. Inside, forward returns (out_cost, out_grad), the
+    gradient a non-differentiable second output, so that torch.func sees it at every level.
+    Besides ordinary backward: torch.func (grad, vmap, jacrev, jacfwd, jvp), forward-mode AD and
+    exact double backward (robot_sdf.cost's notes). Under a vmap the vmapped dimension folds into
+    b and fresh outputs are used (the caller's buffers are not written). Where a derivative may be
+    asked for (robot_sdf._internals.may_need_gradient) out_grad is filled, else zero-filled. A
+    trailing ``compute_grad`` (None: decide so) may force either.
+    """
+
+    @classmethod
+    def apply(cls, *args, **kwargs):
+        full = _internals.bind_arguments(cls, args, kwargs)
+        if full[15] is None:
+            full[15] = _internals.may_need_gradient(full[0])
+        return _SdfMeshWarpPy.apply(*full)[0]
+
+
+class _SecondOrderRefused(torch.autograd.Function):
+    """Identity on a first derivative whose own derivative robot_sdf does not have."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(gradient, spheres):
+        return gradient.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        # torch's own once_differentiable message, which users and tools recognise.
+        raise RuntimeError("trying to differentiate twice a function that was marked with @once_differentiable "
+                           "(robot_sdf: this cost has no second derivatives; the in-process sphere_cost and "
+                           "signed_distance have exact ones)")
+
+
+def refuse_second_order(gradient: torch.Tensor, spheres: torch.Tensor) -> torch.Tensor:
+    """A backward's result for ``spheres``: as is, unless a graph of the backward is being built
+    (create_graph) - then through a node that refuses to be differentiated, with torch's
+    once_differentiable error (torch's decorator alone gives a result that does not require grad,
+    whose second backward fails with a message that names nothing)."""
+    if torch.is_grad_enabled() and spheres.requires_grad:
+        return _SecondOrderRefused.apply(gradient, spheres)
+    return gradient
 
 
 def swept_jvp(tangent: torch.Tensor, partials: torch.Tensor) -> torch.Tensor:
@@ -1035,16 +1059,8 @@ def swept_jvp(tangent: torch.Tensor, partials: torch.Tensor) -> torch.Tensor:
     return out
 
 
-class SweptSdfMeshWarpPy(torch.autograd.Function):
-    """Swept collision cost along trajectories (b, h steps, n spheres) (design.md section 4).
-
-    cost_t depends on p[t-1], p[t] and p[t+1]. out_grad holds, per sphere, the gradient of the
-    summed cost (what cuRobo-style MPCs read); backward applies the chain rule for any
-    grad_output from the per-step partials computed in forward (swept_chain_rule), jvp the
-    forward-mode one (swept_jvp); torch.func's transforms work as for SdfMeshWarpPy. Double
-    backward is refused (once_differentiable). The trailing ``compute_grad`` (None: decide from
-    query_spheres.requires_grad) lets in-process callers ask for the partials explicitly.
-    """
+class _SweptSdfMeshWarpPy(torch.autograd.Function):
+    """SweptSdfMeshWarpPy's Function: forward returns (out_cost, a non-differentiable second output)."""
 
     @staticmethod
     def forward(
@@ -1053,59 +1069,44 @@ class SweptSdfMeshWarpPy(torch.autograd.Function):
         enable_speed_metric=False, env_query_idx=None, return_loss=False, sign_method=SignMethod.AUTO,
         compute_grad=None,
     ):
-        want = query_spheres.requires_grad if compute_grad is None else bool(compute_grad)
         partials = launch_swept_sphere_cost(
             query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,
             mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps,
-            enable_speed_metric, env_query_idx, compute_grad=want, sign_method=sign_method,
+            enable_speed_metric, env_query_idx, compute_grad=bool(compute_grad), sign_method=sign_method,
         )
-        _forward_note.value = partials.buffer if partials is not None else None
-        return out_cost
+        return out_cost, (partials.buffer if partials is not None else out_cost.new_empty((3, 0)))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        partials = _forward_note.take()
-        if partials is None:
-            partials = output.new_empty(0)
-        ctx.inputs = (inputs[0],) + tuple(inputs[4:])
-        ctx.save_for_backward(inputs[0], partials)
-        ctx.save_for_forward(inputs[0], partials)
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(output[1], inputs[0])
+        ctx.save_for_forward(output[1])
 
     @staticmethod
-    def _partials(ctx, spheres, partials):
-        if partials.numel():
-            return partials
-        # Forward did not see that a gradient is wanted (torch.func, forward-mode AD): once more.
-        s = spheres.detach()
-        b, h, n, _ = s.shape
-        rest = list(ctx.inputs[1:])
-        rest[-1] = True
-        cost = torch.empty(b, h, n, dtype=torch.float32, device=s.device)
-        SweptSdfMeshWarpPy.forward(s, cost, torch.empty_like(s, memory_format=torch.contiguous_format),
-                                   torch.empty_like(cost, dtype=torch.uint8), *rest)
-        return _forward_note.take()
+    def _partials(ctx):
+        partials = ctx.saved_tensors[0]
+        if partials.dim() == 2:
+            raise RuntimeError("SweptSdfMeshWarpPy: derivatives asked for a call made with compute_grad=False")
+        return partials
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_output):
+    def backward(ctx, grad_output, *_):
         grad_spheres = None
         if ctx.needs_input_grad[0]:
-            spheres, partials = ctx.saved_tensors
-            own, to_prev, to_next = SweptSdfMeshWarpPy._partials(ctx, spheres, partials).unbind(0)
+            own, to_prev, to_next = _SweptSdfMeshWarpPy._partials(ctx).unbind(0)
             # The radius gets no gradient.
             grad_spheres = _pad_radius(swept_chain_rule(own, to_prev, to_next, grad_output))
+            grad_spheres = refuse_second_order(grad_spheres, ctx.saved_tensors[1])
         return (grad_spheres,) + (None,) * 17
 
     @staticmethod
     def jvp(ctx, spheres_tangent, *_):
-        spheres, partials = ctx.saved_tensors
-        return swept_jvp(spheres_tangent, SweptSdfMeshWarpPy._partials(ctx, spheres, partials))
+        return swept_jvp(spheres_tangent, _SweptSdfMeshWarpPy._partials(ctx)), None
 
     @staticmethod
     def vmap(info, in_dims, query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,
-             mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps=1,
-             enable_speed_metric=False, env_query_idx=None, return_loss=False, sign_method=SignMethod.AUTO,
-             compute_grad=None):
+             mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps, enable_speed_metric,
+             env_query_idx, return_loss, sign_method, compute_grad):
         _refuse_batched_world(zip(("weight", "activation_distance", "speed_dt", "mesh_idx", "mesh_pose_inverse",
                                    "mesh_enable", "n_env_mesh", "max_dist", "sign_method"),
                                   in_dims[4:12] + in_dims[16:17]))
@@ -1113,10 +1114,34 @@ class SweptSdfMeshWarpPy(torch.autograd.Function):
         spheres = _fold(spheres)
         env = None if env is None else env.reshape(-1)
         b, h, n, _ = spheres.shape
-        cost = torch.empty(b, h, n, dtype=torch.float32, device=spheres.device)
-        out = SweptSdfMeshWarpPy.apply(spheres, cost, torch.empty(b, h, n, 4, dtype=torch.float32, device=spheres.device),
-                                       torch.empty(b, h, n, dtype=torch.uint8, device=spheres.device), weight,
-                                       activation_distance, speed_dt, mesh_idx, mesh_pose_inverse, mesh_enable,
-                                       n_env_mesh, max_dist, sweep_steps, enable_speed_metric, env, return_loss,
-                                       sign_method, compute_grad)
-        return _unfold(out, info.batch_size), 0
+        cost, partials = _SweptSdfMeshWarpPy.apply(
+            spheres, torch.empty(b, h, n, dtype=torch.float32, device=spheres.device),
+            torch.empty(b, h, n, 4, dtype=torch.float32, device=spheres.device),
+            torch.empty(b, h, n, dtype=torch.uint8, device=spheres.device), weight, activation_distance, speed_dt,
+            mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps, enable_speed_metric, env,
+            return_loss, sign_method, compute_grad)
+        if partials.dim() == 2:
+            return (_unfold(cost, info.batch_size), partials), (0, None)
+        # (3, B*b, h, n, 3) -> (3, B, b, h, n, 3): the vmapped dimension is 1.
+        return (_unfold(cost, info.batch_size), partials.reshape(3, info.batch_size, b // info.batch_size, h, n, 3)), \
+            (0, 1)
+class SweptSdfMeshWarpPy(_SweptSdfMeshWarpPy):
+    """Swept collision cost along trajectories (b, h steps, n spheres) (design.md section 4).
+
+    cost_t depends on p[t-1], p[t] and p[t+1]. out_grad holds, per sphere, the gradient of the
+    summed cost (what cuRobo-style MPCs read); backward applies the chain rule for any
+    grad_output from the per-step partials computed in forward (swept_chain_rule), jvp the
+    forward-mode one (swept_jvp). ``apply`` returns out_cost; inside, forward also returns the
+    partials (3,b,h,n,3) as a non-differentiable output. torch.func's transforms work as for
+    SdfMeshWarpPy; double backward is refused with torch's once_differentiable error. A trailing ``compute_grad``
+    (None: robot_sdf._internals.may_need_gradient) may force or skip the partials.
+    """
+
+    @classmethod
+    def apply(cls, *args, **kwargs):
+        full = _internals.bind_arguments(cls, args, kwargs)
+        if full[17] is None:
+            full[17] = _internals.may_need_gradient(full[0])
+        return _SweptSdfMeshWarpPy.apply(*full)[0]
+
+
