@@ -44,7 +44,8 @@ def public_apply(function):
 
 
 def direct_apply(function):
-    """A callable equal to ``function.apply`` (positional arguments, none defaulted), through
+    """A callable equal to ``function.apply`` (positional arguments, none defaulted; only the first
+    may be a torch.func wrapper of a dead transform), through
     torch's C entry point when this torch is one the shortcut was checked on."""
     if not TORCH_SHORTCUTS:
         return function.apply
@@ -56,10 +57,10 @@ def direct_apply(function):
         return function.apply
     public = function.apply
 
-    def apply(spheres, args):
+    def apply(spheres, *args):
         if active():
-            return public(spheres, args)
-        return entry(unwrap(spheres), args)
+            return public(spheres, *args)
+        return entry(unwrap(spheres), *args)
 
     return apply
 

@@ -28,7 +28,7 @@ from robot_sdf import _internals
 from robot_sdf.warp_primitives import (
     SphereCostArgs,
     SweptSdfMeshWarpPy,
-    _fold_args,
+    fold_spheres_env,
     _unfold,
     launch_sphere_cost_fresh,
     launch_swept_sphere_cost,
@@ -124,39 +124,38 @@ def _buffers(spheres: torch.Tensor):
 
 
 class _SphereCost(torch.autograd.Function):
-    """_SphereCost.apply(spheres (b,h,n,4) float32, args: SphereCostArgs) -> (cost (b,h,n),
-    gradient (b,h,n,4), not differentiable): the in-process cost (or ESDF value) with its
-    gradient from the same launch (computing it costs nothing extra there), which backward and
-    jvp use. One tuple for the non-differentiable arguments: autograd inspects every argument of
-    apply, and fifteen cost measurable time on a call of a few spheres."""
+    """_SphereCost.apply(spheres (b,h,n,4) float32, env (b,) int32 or None, args: SphereCostArgs)
+    -> (cost (b,h,n), gradient (b,h,n,4), not differentiable): the in-process cost (or ESDF value)
+    with its gradient from the same launch (computing it costs nothing extra there), which
+    backward and jvp use. The other arguments travel as one opaque object: autograd and torch.func
+    inspect every argument of apply, and fifteen cost measurable time on a call of a few spheres."""
 
     @staticmethod
-    def forward(spheres, args):
-        return args.launch(spheres)
+    def forward(spheres, env, args):
+        return args.launch(spheres, env)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         gradient = output[1]
         ctx.mark_non_differentiable(gradient)
-        ctx.args = inputs[1]
-        ctx.save_for_backward(inputs[0], gradient)
+        ctx.args = inputs[2]
+        ctx.save_for_backward(inputs[0], gradient, inputs[1])
         ctx.save_for_forward(gradient)
 
     @staticmethod
     def backward(ctx, grad_output, *_):
-        spheres, gradient = ctx.saved_tensors
-        return sphere_cost_vjp(grad_output, spheres, gradient, ctx.args), None
+        spheres, gradient, env = ctx.saved_tensors
+        return sphere_cost_vjp(grad_output, spheres, gradient, env, ctx.args), None, None
 
     @staticmethod
-    def jvp(ctx, spheres_tangent, _):
+    def jvp(ctx, spheres_tangent, *_):
         (gradient,) = ctx.saved_tensors
         return sphere_cost_jvp(spheres_tangent, gradient), None
 
     @staticmethod
-    def vmap(info, in_dims, spheres, args):
-        env_dim = None if in_dims[1] is None else in_dims[1][7]
-        folded, fargs = _fold_args(info, spheres, in_dims[0], args, env_dim)
-        cost, gradient = _SphereCost.apply(folded, fargs)
+    def vmap(info, in_dims, spheres, env, args):
+        folded, fenv = fold_spheres_env(info, spheres, in_dims[0], env, in_dims[1])
+        cost, gradient = _SphereCost.apply(folded, fenv, args)
         return (_unfold(cost, info.batch_size), _unfold(gradient, info.batch_size)), (0, 0)
 
 
@@ -179,8 +178,8 @@ def sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, env_index=
     w, eta, max_d = _scalars(world, activation_distance, weight, max_distance)
     with world.reading() as snap:
         args = SphereCostArgs(w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
-                              env, False, snap.sign_methods)
-        cost = _sphere_cost_apply(s, args)[0]
+                              False, snap.sign_methods)
+        cost = _sphere_cost_apply(s, env, args)[0]
     return _as_input_dtype(cost, spheres)
 
 
@@ -230,8 +229,8 @@ def signed_distance(world, points, env=0, max_distance=None, return_revision=Fal
     env_index = _env_rows(world.device, int(env))
     with world.reading() as snap:
         args = SphereCostArgs(w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
-                              env_index, True, snap.sign_methods)
-        dist, grad = _sphere_cost_apply(spheres, args)
+                              True, snap.sign_methods)
+        dist, grad = _sphere_cost_apply(spheres, env_index, args)
         revision = snap.revision
     result = (_as_input_dtype(dist.reshape(-1), pts), grad.reshape(-1, 4)[:, :3])
     return result + (revision,) if return_revision else result

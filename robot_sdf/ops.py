@@ -35,11 +35,11 @@ def _world(handle: int):
     return world
 
 
-def _args(world, snap, activation_distance: float, weight: float, max_distance: Optional[float], env, esdf: bool):
+def _args(world, snap, activation_distance: float, weight: float, max_distance: Optional[float], esdf: bool):
     from robot_sdf.cost import _scalars
     w, eta, max_d = _scalars(world, activation_distance, weight, max_distance)
     return SphereCostArgs(w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
-                          env, esdf, snap.sign_methods)
+                          esdf, snap.sign_methods)
 
 
 def _max(max_distance: float) -> Optional[float]:
@@ -52,7 +52,7 @@ def _sphere_cost(spheres: torch.Tensor, world: int, activation_distance: float, 
     """(cost (b,h,n), gradient (b,h,n,4)) of spheres (b,h,n,4) float32."""
     w = _world(world)
     with w.reading() as snap:
-        return _args(w, snap, activation_distance, weight, _max(max_distance), env, esdf).launch(spheres.contiguous())
+        return _args(w, snap, activation_distance, weight, _max(max_distance), esdf).launch(spheres.contiguous(), env)
 
 
 @_sphere_cost.register_fake
@@ -67,7 +67,7 @@ def _sphere_hessian(spheres: torch.Tensor, world: int, activation_distance: floa
     """Per-sphere Hessian (b,h,n,3,3) of _sphere_cost's value."""
     w = _world(world)
     with w.reading() as snap:
-        return _args(w, snap, activation_distance, weight, _max(max_distance), env, esdf).hessian(spheres.contiguous())
+        return _args(w, snap, activation_distance, weight, _max(max_distance), esdf).hessian(spheres.contiguous(), env)
 
 
 @_sphere_hessian.register_fake

@@ -25,7 +25,6 @@ import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -764,37 +763,39 @@ _INTRA_OP_GRAIN = 32768
 
 
 
-class SphereCostArgs(NamedTuple):
-    """Everything of a sphere-cost launch but the spheres (launch_sphere_cost's arguments): one
-    tuple argument to the autograd Functions below, which torch.func unwraps like any pytree."""
+class SphereCostArgs:
+    """Everything of a sphere-cost launch but the spheres and env_query_idx (launch_sphere_cost's
+    other arguments), handed to the autograd Functions below as one opaque argument: torch.func
+    treats it as a leaf (a tuple of ten members would be walked on every call and level), so
+    env_query_idx, which a vmap may batch, travels as a tensor argument of its own."""
 
-    weight: object
-    activation_distance: object
-    mesh_idx: torch.Tensor
-    mesh_pose_inverse: torch.Tensor
-    mesh_enable: torch.Tensor
-    n_env_mesh: torch.Tensor
-    max_dist: object
-    env_query_idx: torch.Tensor | None
-    compute_esdf: bool
-    sign_method: object
+    __slots__ = ("weight", "activation_distance", "mesh_idx", "mesh_pose_inverse", "mesh_enable", "n_env_mesh",
+                 "max_dist", "compute_esdf", "sign_method")
 
-    def launch(self, spheres: torch.Tensor, compute_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def __init__(self, weight, activation_distance, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist,
+                 compute_esdf: bool, sign_method):
+        self.weight, self.activation_distance, self.max_dist = weight, activation_distance, max_dist
+        self.mesh_idx, self.mesh_pose_inverse, self.mesh_enable, self.n_env_mesh = \
+            mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh
+        self.compute_esdf, self.sign_method = bool(compute_esdf), sign_method
+
+    def launch(self, spheres: torch.Tensor, env: torch.Tensor | None,
+               compute_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """(cost (b,h,n), gradient (b,h,n,4)) of float32 spheres (b,h,n,4), in fresh buffers."""
         b, h, n, _ = spheres.shape
         cost = torch.empty(b, h, n, dtype=torch.float32, device=spheres.device)
         grad = torch.empty_like(spheres, memory_format=torch.contiguous_format)
         sparsity = torch.empty_like(cost, dtype=torch.uint8)
         launch_sphere_cost_fresh(spheres, cost, grad, sparsity, self.weight, self.activation_distance, self.mesh_idx,
-                                 self.mesh_pose_inverse, self.mesh_enable, self.n_env_mesh, self.max_dist,
-                                 self.env_query_idx, compute_esdf=self.compute_esdf, compute_grad=compute_grad,
+                                 self.mesh_pose_inverse, self.mesh_enable, self.n_env_mesh, self.max_dist, env,
+                                 compute_esdf=self.compute_esdf, compute_grad=compute_grad,
                                  sign_method=self.sign_method)
         return cost, grad
 
-    def hessian(self, spheres: torch.Tensor) -> torch.Tensor:
+    def hessian(self, spheres: torch.Tensor, env: torch.Tensor | None) -> torch.Tensor:
         return launch_sphere_hessian(spheres, self.weight, self.activation_distance, self.mesh_idx,
-                                     self.mesh_pose_inverse, self.mesh_enable, self.n_env_mesh, self.max_dist,
-                                     self.env_query_idx, self.compute_esdf, self.sign_method)
+                                     self.mesh_pose_inverse, self.mesh_enable, self.n_env_mesh, self.max_dist, env,
+                                     self.compute_esdf, self.sign_method)
 
 
 # --- torch.func (vmap) support: a vmapped dimension folds into the batch dimension b.
@@ -825,23 +826,10 @@ def _refuse_batched_world(names_and_dims) -> None:
                              "world tensors are shared by every sample)")
 
 
-def _args_dims(args: SphereCostArgs, dims) -> tuple:
-    """The vmapped dim of env_query_idx in a SphereCostArgs' in_dims (None or a like tuple),
-    after refusing vmap over any other member."""
-    if dims is None:
-        return None
-    _refuse_batched_world((name, d) for name, d in zip(SphereCostArgs._fields, dims) if name != "env_query_idx")
-    return dims[7]
-
-
-def _fold_args(info, spheres, spheres_dim, args: SphereCostArgs, env_dim):
-    """spheres (B,b,h,n,4) folded to (B*b,h,n,4), and args with env_query_idx folded to match."""
-    spheres_b, env_b = _vmap_batch(info, ((spheres, spheres_dim), (args.env_query_idx, env_dim)))
-    b = spheres_b.shape[1]
-    if env_b is None and info.batch_size > 1:
-        env_b = None  # environment 0 for every row, as before folding
-    folded_env = None if env_b is None else env_b.reshape(info.batch_size, b).reshape(-1)
-    return _fold(spheres_b), args._replace(env_query_idx=folded_env)
+def fold_spheres_env(info, spheres, spheres_dim, env, env_dim):
+    """spheres (B,b,h,n,4) folded to (B*b,h,n,4) and env_query_idx ((B,b), (b,) or None) to match."""
+    spheres_b, env_b = _vmap_batch(info, ((spheres, spheres_dim), (env, env_dim)))
+    return _fold(spheres_b), (None if env_b is None else env_b.reshape(-1))
 
 
 def _unfold(t: torch.Tensor, batch_size: int) -> torch.Tensor:
@@ -853,19 +841,19 @@ def _pad_radius(g3: torch.Tensor) -> torch.Tensor:
     return torch.cat([g3, torch.zeros_like(g3[..., :1])], dim=-1)
 
 
-def _hessian_product(spheres: torch.Tensor, vector: torch.Tensor, args: SphereCostArgs) -> torch.Tensor:
+def _hessian_product(spheres: torch.Tensor, vector: torch.Tensor, env, args: SphereCostArgs) -> torch.Tensor:
     """H v (b,h,n,4), H the per-sphere Hessian of the cost, v (b,h,n,4) (its radius ignored)."""
-    hess = SphereHessian.apply(spheres, args)
+    hess = SphereHessian.apply(spheres, env, args)
     return _pad_radius(torch.matmul(hess.to(vector.dtype), vector[..., :3].unsqueeze(-1)).squeeze(-1))
 
 
 class SphereHessian(torch.autograd.Function):
-    """SphereHessian.apply(spheres (b,h,n,4), args: SphereCostArgs) -> (b,h,n,3,3): the per-sphere
-    Hessian of the cost, for second derivatives. Third derivatives are refused."""
+    """SphereHessian.apply(spheres (b,h,n,4), env_query_idx, args: SphereCostArgs) -> (b,h,n,3,3):
+    the per-sphere Hessian of the cost, for second derivatives. Third derivatives are refused."""
 
     @staticmethod
-    def forward(spheres, args):
-        return args.hessian(spheres)
+    def forward(spheres, env, args):
+        return args.hessian(spheres, env)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -876,51 +864,50 @@ class SphereHessian(torch.autograd.Function):
         raise RuntimeError("robot_sdf: derivatives of the collision cost beyond the second are not implemented")
 
     @staticmethod
-    def vmap(info, in_dims, spheres, args):
-        folded, fargs = _fold_args(info, spheres, in_dims[0], args, _args_dims(args, in_dims[1]))
-        return _unfold(SphereHessian.apply(folded, fargs), info.batch_size), 0
+    def vmap(info, in_dims, spheres, env, args):
+        folded, fenv = fold_spheres_env(info, spheres, in_dims[0], env, in_dims[1])
+        return _unfold(SphereHessian.apply(folded, fenv, args), info.batch_size), 0
 
 
 class SphereGradient(torch.autograd.Function):
-    """SphereGradient.apply(spheres, gradient (b,h,n,4), args) -> gradient: the cost gradient
-    computed in forward, passed through as a function of the spheres whose own derivative is the
-    Hessian (double backward, forward-over-reverse)."""
+    """SphereGradient.apply(spheres, gradient (b,h,n,4), env_query_idx, args) -> gradient: the
+    cost gradient computed in forward, passed through as a function of the spheres whose own
+    derivative is the Hessian (double backward, forward-over-reverse)."""
 
     @staticmethod
-    def forward(spheres, gradient, args):
+    def forward(spheres, gradient, env, args):
         return gradient.clone()
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(inputs[0])
-        ctx.save_for_forward(inputs[0])
-        ctx.args = inputs[2]
+        ctx.save_for_backward(inputs[0], inputs[2])
+        ctx.save_for_forward(inputs[0], inputs[2])
+        ctx.args = inputs[3]
 
     @staticmethod
     def backward(ctx, grad_output):
-        (spheres,) = ctx.saved_tensors
-        return _hessian_product(spheres, grad_output, ctx.args), None, None
+        spheres, env = ctx.saved_tensors
+        return _hessian_product(spheres, grad_output, env, ctx.args), None, None, None
 
     @staticmethod
-    def jvp(ctx, spheres_tangent, gradient_tangent, _):
-        (spheres,) = ctx.saved_tensors
-        return _hessian_product(spheres, spheres_tangent, ctx.args)
+    def jvp(ctx, spheres_tangent, *_):
+        spheres, env = ctx.saved_tensors
+        return _hessian_product(spheres, spheres_tangent, env, ctx.args)
 
     @staticmethod
-    def vmap(info, in_dims, spheres, gradient, args):
-        env_dim = _args_dims(args, in_dims[2])
-        folded, fargs = _fold_args(info, spheres, in_dims[0], args, env_dim)
+    def vmap(info, in_dims, spheres, gradient, env, args):
+        folded, fenv = fold_spheres_env(info, spheres, in_dims[0], env, in_dims[2])
         (grad_b,) = _vmap_batch(info, ((gradient, in_dims[1]),))
-        return _unfold(SphereGradient.apply(folded, _fold(grad_b), fargs), info.batch_size), 0
+        return _unfold(SphereGradient.apply(folded, _fold(grad_b), fenv, args), info.batch_size), 0
 
 
-def sphere_cost_vjp(grad_output: torch.Tensor, spheres: torch.Tensor, gradient: torch.Tensor,
+def sphere_cost_vjp(grad_output: torch.Tensor, spheres: torch.Tensor, gradient: torch.Tensor, env,
                     args: SphereCostArgs) -> torch.Tensor:
     """d (sum grad_output * cost) / d spheres (b,h,n,4) from the forward's gradient (b,h,n,4): the
     backward shared by SdfMeshWarpPy and robot_sdf.cost. With create_graph the gradient goes
     through SphereGradient, so that a second backward gets the Hessian."""
     if torch.is_grad_enabled():
-        return grad_output.unsqueeze(-1) * SphereGradient.apply(spheres, gradient, args)
+        return grad_output.unsqueeze(-1) * SphereGradient.apply(spheres, gradient, env, args)
     # out_grad[..., 3] is zero, so the radius gets no gradient.
     if gradient.numel() >= _INTRA_OP_GRAIN and gradient.device.type == "cpu" \
             and grad_output.dtype == torch.float32 and not grad_output.requires_grad \
@@ -931,7 +918,7 @@ def sphere_cost_vjp(grad_output: torch.Tensor, spheres: torch.Tensor, gradient: 
         # Smaller products run on one thread anyway: torch's own path is cheaper there.
         try:
             return torch.from_numpy(np.multiply(grad_output.resolve_neg().numpy()[..., None], gradient.numpy()))
-        except (RuntimeError, TypeError):  # a tensor numpy cannot view (functorch wrapper): torch's path
+        except (RuntimeError, TypeError):  # a tensor numpy cannot view (torch.func wrapper): torch's path
             pass
     return grad_output.unsqueeze(-1) * gradient
 
@@ -956,21 +943,22 @@ class _SdfMeshWarpPy(torch.autograd.Function):
             mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx,
             compute_esdf=compute_esdf, compute_grad=bool(compute_grad), sign_method=sign_method,
         )
-        return out_cost, out_grad
+        return out_cost, out_grad.view_as(out_grad)  # a view: an input returned as-is may not be saved
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.mark_non_differentiable(output[1])
-        ctx.args = SphereCostArgs(*inputs[4:12], bool(inputs[13]), inputs[14])
-        ctx.save_for_backward(inputs[0], output[1])
+        ctx.args = SphereCostArgs(*inputs[4:11], inputs[13], inputs[14])
+        env = inputs[11]
+        ctx.save_for_backward(inputs[0], output[1], env if isinstance(env, torch.Tensor) else None)
         ctx.save_for_forward(output[1])
 
     @staticmethod
     def backward(ctx, grad_output, *_):
         grad_spheres = None
         if ctx.needs_input_grad[0]:
-            spheres, gradient = ctx.saved_tensors
-            grad_spheres = sphere_cost_vjp(grad_output, spheres, gradient, ctx.args)
+            spheres, gradient, env = ctx.saved_tensors
+            grad_spheres = sphere_cost_vjp(grad_output, spheres, gradient, env, ctx.args)
         return (grad_spheres,) + (None,) * 15
 
     @staticmethod
@@ -984,16 +972,14 @@ class _SdfMeshWarpPy(torch.autograd.Function):
              sign_method, compute_grad):
         _refuse_batched_world(zip(("weight", "activation_distance", "mesh_idx", "mesh_pose_inverse", "mesh_enable",
                                    "n_env_mesh", "max_dist", "sign_method"), in_dims[4:11] + in_dims[14:15]))
-        args = SphereCostArgs(weight, activation_distance, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
-                              max_dist, env_query_idx, bool(compute_esdf), sign_method)
-        spheres, fargs = _fold_args(info, query_spheres, in_dims[0], args, in_dims[11])
+        spheres, env = fold_spheres_env(info, query_spheres, in_dims[0], env_query_idx, in_dims[11])
         b, h, n, _ = spheres.shape
         cost = torch.empty(b, h, n, dtype=torch.float32, device=spheres.device)
         grad = torch.empty(b, h, n, 4, dtype=torch.float32, device=spheres.device)
         sparsity = torch.empty(b, h, n, dtype=torch.uint8, device=spheres.device)
         cost, grad = _SdfMeshWarpPy.apply(
             spheres, cost, grad, sparsity, weight, activation_distance, mesh_idx, mesh_pose_inverse, mesh_enable,
-            n_env_mesh, max_dist, fargs.env_query_idx, return_loss, compute_esdf, sign_method, compute_grad)
+            n_env_mesh, max_dist, env, return_loss, compute_esdf, sign_method, compute_grad)
         return (_unfold(cost, info.batch_size), _unfold(grad, info.batch_size)), (0, 0)
 
 
