@@ -145,6 +145,9 @@ class _SphereCost(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output, *_):
         spheres, gradient, env = ctx.saved_tensors
+        if gradient.numel() < _SMALL and not torch.is_grad_enabled():
+            # The per-call fast path (a few spheres, no create_graph): the product itself.
+            return grad_output.unsqueeze(-1) * gradient, None, None
         return sphere_cost_vjp(grad_output, spheres, gradient, env, ctx.args), None, None
 
     @staticmethod
@@ -158,6 +161,9 @@ class _SphereCost(torch.autograd.Function):
         cost, gradient = _SphereCost.apply(folded, fenv, args)
         return (_unfold(cost, info.batch_size), _unfold(gradient, info.batch_size)), (0, 0)
 
+
+# Gradient elements below which sphere_cost_vjp's special cases never apply.
+_SMALL = 32768
 
 # _SphereCost.apply without torch's Python wrapper where that is safe (robot_sdf._internals).
 _sphere_cost_apply = _internals.direct_apply(_SphereCost)
@@ -180,7 +186,7 @@ def sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, env_index=
         args = SphereCostArgs(w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
                               False, snap.sign_methods)
         cost = _sphere_cost_apply(s, env, args)[0]
-    return _as_input_dtype(cost, spheres)
+    return cost if spheres.dtype is torch.float32 else _as_input_dtype(cost, spheres)
 
 
 def swept_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, sweep_steps=4, speed_dt=0.1,

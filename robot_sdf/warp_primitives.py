@@ -983,6 +983,10 @@ class _SdfMeshWarpPy(torch.autograd.Function):
         return (_unfold(cost, info.batch_size), _unfold(grad, info.batch_size)), (0, 0)
 
 
+# _SdfMeshWarpPy.apply without torch's Python wrapper where that is safe (robot_sdf._internals).
+_sdf_apply = _internals.direct_apply(_SdfMeshWarpPy)
+
+
 class SdfMeshWarpPy(_SdfMeshWarpPy):
     """Collision cost of spheres against the meshes of a world (design.md sections 3-4).
 
@@ -1000,7 +1004,7 @@ class SdfMeshWarpPy(_SdfMeshWarpPy):
         full = _internals.bind_arguments(cls, args, kwargs)
         if full[15] is None:
             full[15] = _internals.may_need_gradient(full[0])
-        return _SdfMeshWarpPy.apply(*full)[0]
+        return _sdf_apply(*full)[0]
 
 
 class _SecondOrderRefused(torch.autograd.Function):
@@ -1111,6 +1115,9 @@ class _SweptSdfMeshWarpPy(torch.autograd.Function):
         # (3, B*b, h, n, 3) -> (3, B, b, h, n, 3): the vmapped dimension is 1.
         return (_unfold(cost, info.batch_size), partials.reshape(3, info.batch_size, b // info.batch_size, h, n, 3)), \
             (0, 1)
+_swept_apply = _internals.direct_apply(_SweptSdfMeshWarpPy)
+
+
 class SweptSdfMeshWarpPy(_SweptSdfMeshWarpPy):
     """Swept collision cost along trajectories (b, h steps, n spheres) (design.md section 4).
 
@@ -1128,6 +1135,6 @@ class SweptSdfMeshWarpPy(_SweptSdfMeshWarpPy):
         full = _internals.bind_arguments(cls, args, kwargs)
         if full[17] is None:
             full[17] = _internals.may_need_gradient(full[0])
-        return _SweptSdfMeshWarpPy.apply(*full)[0]
+        return _swept_apply(*full)[0]
 
 
