@@ -73,15 +73,16 @@ def plain_tensors():
     return disable() if disable is not None else contextlib.nullcontext()
 
 
-def transforms_active() -> bool:
-    """Whether a torch.func transform (grad, vmap, jvp, ...) is active: then a Function's forward
-    cannot see that a gradient will be asked for, so callers compute it. True where the check is
-    not available (gradients are then computed whenever grad mode is on: correct, if slower)."""
-    if TORCH_SHORTCUTS:
-        check = getattr(torch._C, "_are_functorch_transforms_active", None)
-        if check is not None:
-            return bool(check())
+def _transforms_active_fallback() -> bool:
     return torch.is_grad_enabled()
+
+
+# transforms_active() -> bool: whether a torch.func transform (grad, vmap, jvp, ...) is active:
+# then a Function's forward cannot see that a gradient will be asked for, so callers compute it.
+# Where the check is not available: whenever grad mode is on (correct, if slower).
+transforms_active = getattr(torch._C, "_are_functorch_transforms_active", None) if TORCH_SHORTCUTS else None
+if transforms_active is None:  # pragma: no cover - other torch versions
+    transforms_active = _transforms_active_fallback
 
 
 def may_need_gradient(t: torch.Tensor) -> bool:

@@ -29,6 +29,7 @@ from robot_sdf.warp_primitives import (
     SphereCostArgs,
     SweptSdfMeshWarpPy,
     fold_spheres_env,
+    hessian_product,
     _unfold,
     launch_sphere_cost_fresh,
     launch_swept_sphere_cost,
@@ -123,12 +124,22 @@ def _buffers(spheres: torch.Tensor):
             torch.empty_like(cost, dtype=torch.uint8))
 
 
+# Under a torch.func transform the gradient output of _SphereCost is differentiable (functorch
+# builds a graph of every backward: the Hessian comes from that node's own backward); in eager mode
+# it is a plain buffer and a create_graph backward goes through SphereGradient instead.
+_transforms_active = _internals.transforms_active
+
+
 class _SphereCost(torch.autograd.Function):
     """_SphereCost.apply(spheres (b,h,n,4) float32, env (b,) int32 or None, args: SphereCostArgs)
-    -> (cost (b,h,n), gradient (b,h,n,4), not differentiable): the in-process cost (or ESDF value)
-    with its gradient from the same launch (computing it costs nothing extra there), which
-    backward and jvp use. The other arguments travel as one opaque object: autograd and torch.func
-    inspect every argument of apply, and fifteen cost measurable time on a call of a few spheres."""
+    -> (cost (b,h,n), gradient (b,h,n,4)): the in-process cost (or ESDF value) with its gradient
+    from the same launch (computing it costs nothing extra there). The gradient is an output of
+    its own whose derivative is the Hessian: backward uses it for the cost's vector-Jacobian
+    product, so that under create_graph (and torch.func.grad, which always builds one) a second
+    backward reaches this node again with that output's cotangent, and no further Function runs
+    on the first-order path. The other arguments travel as one opaque object: autograd and
+    torch.func inspect every argument of apply, and fifteen cost measurable time on a call of a
+    few spheres."""
 
     @staticmethod
     def forward(spheres, env, args):
@@ -136,24 +147,39 @@ class _SphereCost(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        gradient = output[1]
-        ctx.mark_non_differentiable(gradient)
+        ctx.set_materialize_grads(False)
         ctx.args = inputs[2]
-        ctx.save_for_backward(inputs[0], gradient, inputs[1])
-        ctx.save_for_forward(gradient)
+        if not ctx.args.second_order:
+            ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(inputs[0], output[1], inputs[1])
+        ctx.save_for_forward(inputs[0], output[1])
+        ctx.env = inputs[1]  # integer, never differentiated (save_for_forward wants floating tensors)
 
     @staticmethod
-    def backward(ctx, grad_output, *_):
+    def backward(ctx, grad_cost, grad_gradient):
         spheres, gradient, env = ctx.saved_tensors
-        if gradient.numel() < _SMALL and not torch.is_grad_enabled():
-            # The per-call fast path (a few spheres, no create_graph): the product itself.
-            return grad_output.unsqueeze(-1) * gradient, None, None
-        return sphere_cost_vjp(grad_output, spheres, gradient, env, ctx.args), None, None
+        result = None
+        if grad_cost is not None:
+            if ctx.args.second_order or (gradient.numel() < _SMALL and not torch.is_grad_enabled()):
+                # second_order: gradient is this node's own differentiable output, so under a graph
+                # of the backward the product links back here. Else the plain first-order product.
+                result = grad_cost.unsqueeze(-1) * gradient
+            else:
+                # create_graph in eager mode (through SphereGradient), or a large product.
+                result = sphere_cost_vjp(grad_cost, spheres, gradient, env, ctx.args)
+        if grad_gradient is not None:
+            hv = hessian_product(spheres, grad_gradient, env, ctx.args)
+            result = hv if result is None else result + hv
+        return result, None, None
 
     @staticmethod
     def jvp(ctx, spheres_tangent, *_):
-        (gradient,) = ctx.saved_tensors
-        return sphere_cost_jvp(spheres_tangent, gradient), None
+        spheres, gradient = ctx.saved_tensors
+        env = ctx.env
+        # The gradient output's tangent (H t, one more launch) where it is differentiable (under a
+        # transform: forward-over-reverse may use it); elsewhere it is a plain buffer.
+        second = hessian_product(spheres, spheres_tangent, env, ctx.args) if ctx.args.second_order else None
+        return sphere_cost_jvp(spheres_tangent, gradient), second
 
     @staticmethod
     def vmap(info, in_dims, spheres, env, args):
@@ -184,7 +210,7 @@ def sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, env_index=
     w, eta, max_d = _scalars(world, activation_distance, weight, max_distance)
     with world.reading() as snap:
         args = SphereCostArgs(w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
-                              False, snap.sign_methods)
+                              False, snap.sign_methods, _transforms_active())
         cost = _sphere_cost_apply(s, env, args)[0]
     return cost if spheres.dtype is torch.float32 else _as_input_dtype(cost, spheres)
 
@@ -235,10 +261,10 @@ def signed_distance(world, points, env=0, max_distance=None, return_revision=Fal
     env_index = _env_rows(world.device, int(env))
     with world.reading() as snap:
         args = SphereCostArgs(w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
-                              True, snap.sign_methods)
+                              True, snap.sign_methods, _transforms_active())
         dist, grad = _sphere_cost_apply(spheres, env_index, args)
         revision = snap.revision
-    result = (_as_input_dtype(dist.reshape(-1), pts), grad.reshape(-1, 4)[:, :3])
+    result = (_as_input_dtype(dist.reshape(-1), pts), grad.detach().reshape(-1, 4)[:, :3])
     return result + (revision,) if return_revision else result
 
 

@@ -770,14 +770,16 @@ class SphereCostArgs:
     env_query_idx, which a vmap may batch, travels as a tensor argument of its own."""
 
     __slots__ = ("weight", "activation_distance", "mesh_idx", "mesh_pose_inverse", "mesh_enable", "n_env_mesh",
-                 "max_dist", "compute_esdf", "sign_method")
+                 "max_dist", "compute_esdf", "sign_method", "second_order")
 
     def __init__(self, weight, activation_distance, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist,
-                 compute_esdf: bool, sign_method):
+                 compute_esdf: bool, sign_method, second_order: bool = True):
         self.weight, self.activation_distance, self.max_dist = weight, activation_distance, max_dist
         self.mesh_idx, self.mesh_pose_inverse, self.mesh_enable, self.n_env_mesh = \
             mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh
         self.compute_esdf, self.sign_method = bool(compute_esdf), sign_method
+        # Whether a backward graph may differentiate the gradient (forward-over-reverse needs its tangent).
+        self.second_order = second_order
 
     def launch(self, spheres: torch.Tensor, env: torch.Tensor | None,
                compute_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -841,7 +843,7 @@ def _pad_radius(g3: torch.Tensor) -> torch.Tensor:
     return torch.cat([g3, torch.zeros_like(g3[..., :1])], dim=-1)
 
 
-def _hessian_product(spheres: torch.Tensor, vector: torch.Tensor, env, args: SphereCostArgs) -> torch.Tensor:
+def hessian_product(spheres: torch.Tensor, vector: torch.Tensor, env, args: SphereCostArgs) -> torch.Tensor:
     """H v (b,h,n,4), H the per-sphere Hessian of the cost, v (b,h,n,4) (its radius ignored)."""
     hess = SphereHessian.apply(spheres, env, args)
     return _pad_radius(torch.matmul(hess.to(vector.dtype), vector[..., :3].unsqueeze(-1)).squeeze(-1))
@@ -881,18 +883,19 @@ class SphereGradient(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(inputs[0], inputs[2])
-        ctx.save_for_forward(inputs[0], inputs[2])
+        ctx.save_for_forward(inputs[0])
+        ctx.env = inputs[2]  # integer, never differentiated (save_for_forward wants floating tensors)
         ctx.args = inputs[3]
 
     @staticmethod
     def backward(ctx, grad_output):
         spheres, env = ctx.saved_tensors
-        return _hessian_product(spheres, grad_output, env, ctx.args), None, None, None
+        return hessian_product(spheres, grad_output, env, ctx.args), None, None, None
 
     @staticmethod
     def jvp(ctx, spheres_tangent, *_):
-        spheres, env = ctx.saved_tensors
-        return _hessian_product(spheres, spheres_tangent, env, ctx.args)
+        (spheres,) = ctx.saved_tensors
+        return hessian_product(spheres, spheres_tangent, ctx.env, ctx.args)
 
     @staticmethod
     def vmap(info, in_dims, spheres, gradient, env, args):

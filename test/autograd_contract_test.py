@@ -384,6 +384,8 @@ def test_private_shortcuts_match_public_paths(scene, monkeypatch):
     shortcut = run()
     monkeypatch.setattr(cost_module, "_sphere_cost_apply", cost_module._SphereCost.apply)
     monkeypatch.setattr(_internals, "WARP_SHORTCUTS", False)
+    monkeypatch.setattr(_internals, "transforms_active", _internals._transforms_active_fallback)
+    monkeypatch.setattr(cost_module, "_transforms_active", _internals._transforms_active_fallback)
     public = run()
     for a, b in zip(shortcut, public):
         assert torch.equal(a, b)
