@@ -17,6 +17,17 @@ zero-filled). SdfMeshWarpPy's ``backward`` returns grad_output[..., None] * out_
 spheres. A swept step's cost depends on its two neighbours as well: SweptSdfMeshWarpPy's out_grad
 is the gradient of the summed cost, and its ``backward`` applies the exact chain rule for any
 grad_output from per-step partials kept from forward (swept_chain_rule).
+
+The whole autograd.Function contract (setup_context style): both work under torch.func (grad,
+vmap - the vmapped dimension folds into b, one launch -, jacrev, jacfwd, jvp) and forward-mode
+AD, with the ordinary backward's numbers. A second trailing argument, ``compute_grad`` (None:
+robot_sdf._internals.may_need_gradient, which also sees torch.func transforms and forward-mode
+tangents), says whether out_grad / the swept partials are filled. Inside, each public class's
+``apply`` runs a Function whose forward returns (out_cost, gradient or partials) so that every
+torch.func level sees the second output; ``apply`` returns out_cost as cuRobo's does.
+SdfMeshWarpPy has exact second derivatives (SphereGradient / SphereHessian over
+launch_sphere_hessian); SweptSdfMeshWarpPy refuses double backward with torch's
+once_differentiable error. float64 spheres are refused (ValueError): the buffers are float32.
 """
 from __future__ import annotations
 
