@@ -26,15 +26,16 @@ import torch
 
 from robot_sdf import _internals
 from robot_sdf.warp_primitives import (
+    _INTRA_OP_GRAIN,
     SphereCostArgs,
     SweptSdfMeshWarpPy,
     fold_spheres_env,
     hessian_product,
-    _unfold,
     launch_sphere_cost_fresh,
     launch_swept_sphere_cost,
     sphere_cost_jvp,
     sphere_cost_vjp,
+    unfold_batch,
 )
 
 
@@ -133,13 +134,15 @@ _transforms_active = _internals.transforms_active
 class _SphereCost(torch.autograd.Function):
     """_SphereCost.apply(spheres (b,h,n,4) float32, env (b,) int32 or None, args: SphereCostArgs)
     -> (cost (b,h,n), gradient (b,h,n,4)): the in-process cost (or ESDF value) with its gradient
-    from the same launch (computing it costs nothing extra there). The gradient is an output of
-    its own whose derivative is the Hessian: backward uses it for the cost's vector-Jacobian
-    product, so that under create_graph (and torch.func.grad, which always builds one) a second
-    backward reaches this node again with that output's cotangent, and no further Function runs
-    on the first-order path. The other arguments travel as one opaque object: autograd and
-    torch.func inspect every argument of apply, and fifteen cost measurable time on a call of a
-    few spheres."""
+    from the same launch (computing it costs nothing extra there).
+
+    Under a torch.func transform (args.second_order) the gradient is a differentiable output whose
+    own derivative is the Hessian: backward forms the cost's vector-Jacobian product from it, so a
+    second derivative reaches this node again with that output's cotangent, and torch.func's
+    first-order path (it always builds a graph of the backward) runs no further Function. In eager
+    mode it is a plain buffer, and only a create_graph backward goes through SphereGradient. The
+    other arguments travel as one opaque object: autograd and torch.func inspect every argument
+    of apply, and fifteen cost measurable time on a call of a few spheres."""
 
     @staticmethod
     def forward(spheres, env, args):
@@ -185,11 +188,11 @@ class _SphereCost(torch.autograd.Function):
     def vmap(info, in_dims, spheres, env, args):
         folded, fenv = fold_spheres_env(info, spheres, in_dims[0], env, in_dims[1])
         cost, gradient = _SphereCost.apply(folded, fenv, args)
-        return (_unfold(cost, info.batch_size), _unfold(gradient, info.batch_size)), (0, 0)
+        return (unfold_batch(cost, info.batch_size), unfold_batch(gradient, info.batch_size)), (0, 0)
 
 
 # Gradient elements below which sphere_cost_vjp's special cases never apply.
-_SMALL = 32768
+_SMALL = _INTRA_OP_GRAIN
 
 # _SphereCost.apply without torch's Python wrapper where that is safe (robot_sdf._internals).
 _sphere_cost_apply = _internals.direct_apply(_SphereCost)

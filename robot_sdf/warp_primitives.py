@@ -772,8 +772,6 @@ def launch_sphere_hessian(query_spheres, weight, activation_distance, mesh_idx, 
 _INTRA_OP_GRAIN = 32768
 
 
-
-
 class SphereCostArgs:
     """Everything of a sphere-cost launch but the spheres and env_query_idx (launch_sphere_cost's
     other arguments), handed to the autograd Functions below as one opaque argument: torch.func
@@ -845,7 +843,7 @@ def fold_spheres_env(info, spheres, spheres_dim, env, env_dim):
     return _fold(spheres_b), (None if env_b is None else env_b.reshape(-1))
 
 
-def _unfold(t: torch.Tensor, batch_size: int) -> torch.Tensor:
+def unfold_batch(t: torch.Tensor, batch_size: int) -> torch.Tensor:
     return t.reshape(batch_size, t.shape[0] // batch_size, *t.shape[1:])
 
 
@@ -879,7 +877,7 @@ class SphereHessian(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, spheres, env, args):
         folded, fenv = fold_spheres_env(info, spheres, in_dims[0], env, in_dims[1])
-        return _unfold(SphereHessian.apply(folded, fenv, args), info.batch_size), 0
+        return unfold_batch(SphereHessian.apply(folded, fenv, args), info.batch_size), 0
 
 
 class SphereGradient(torch.autograd.Function):
@@ -912,7 +910,7 @@ class SphereGradient(torch.autograd.Function):
     def vmap(info, in_dims, spheres, gradient, env, args):
         folded, fenv = fold_spheres_env(info, spheres, in_dims[0], env, in_dims[2])
         (grad_b,) = _vmap_batch(info, ((gradient, in_dims[1]),))
-        return _unfold(SphereGradient.apply(folded, _fold(grad_b), fenv, args), info.batch_size), 0
+        return unfold_batch(SphereGradient.apply(folded, _fold(grad_b), fenv, args), info.batch_size), 0
 
 
 def sphere_cost_vjp(grad_output: torch.Tensor, spheres: torch.Tensor, gradient: torch.Tensor, env,
@@ -994,7 +992,7 @@ class _SdfMeshWarpPy(torch.autograd.Function):
         cost, grad = _SdfMeshWarpPy.apply(
             spheres, cost, grad, sparsity, weight, activation_distance, mesh_idx, mesh_pose_inverse, mesh_enable,
             n_env_mesh, max_dist, env, return_loss, compute_esdf, sign_method, compute_grad)
-        return (_unfold(cost, info.batch_size), _unfold(grad, info.batch_size)), (0, 0)
+        return (unfold_batch(cost, info.batch_size), unfold_batch(grad, info.batch_size)), (0, 0)
 
 
 # _SdfMeshWarpPy.apply without torch's Python wrapper where that is safe (robot_sdf._internals).
@@ -1125,9 +1123,9 @@ class _SweptSdfMeshWarpPy(torch.autograd.Function):
             mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps, enable_speed_metric, env,
             return_loss, sign_method, compute_grad)
         if partials.dim() == 2:
-            return (_unfold(cost, info.batch_size), partials), (0, None)
+            return (unfold_batch(cost, info.batch_size), partials), (0, None)
         # (3, B*b, h, n, 3) -> (3, B, b, h, n, 3): the vmapped dimension is 1.
-        return (_unfold(cost, info.batch_size), partials.reshape(3, info.batch_size, b // info.batch_size, h, n, 3)), \
+        return (unfold_batch(cost, info.batch_size), partials.reshape(3, info.batch_size, b // info.batch_size, h, n, 3)), \
             (0, 1)
 _swept_apply = _internals.direct_apply(_SweptSdfMeshWarpPy)
 
