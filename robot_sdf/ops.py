@@ -5,7 +5,8 @@ these ops when ``torch.compiler.is_compiling()``: each is opaque to the compiler
 (meta) implementation giving output shapes, and a registered autograd formula, so a cost
 function compiles with ``fullgraph=True``. The world is passed as an integer handle (a constant
 of the graph); the op reads the world's *current* snapshot when it runs, so pose and geometry
-updates reach a compiled function without recompiling.
+updates reach a compiled function without recompiling. On CUDA they run on torch's current
+stream; under CUDA graphs (mode="reduce-overhead") outside the captured parts (see _TAGS).
 
 Shapes: spheres (b,h,n,4) float32; env (b,) int32 or None. Outputs as robot_sdf.cost's.
 """
@@ -19,6 +20,12 @@ import torch
 from robot_sdf.warp_primitives import SphereCostArgs, launch_swept_sphere_cost, swept_chain_rule
 
 _worlds: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+
+# Not inside a captured CUDA graph (torch.compile mode="reduce-overhead" splits the graph around
+# these ops and runs them eagerly between captured parts): a captured launch would keep the
+# addresses of the world's tensors at capture time, while the world replaces its pose and enable
+# tensors on every update (copy-on-write) and frees the old ones with their last snapshot.
+_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
 
 
 @torch.compiler.assume_constant_result
@@ -46,7 +53,7 @@ def _max(max_distance: float) -> Optional[float]:
     return None if max_distance < 0 else max_distance  # -1: the world's default
 
 
-@torch.library.custom_op("robot_sdf::sphere_cost", mutates_args=())
+@torch.library.custom_op("robot_sdf::sphere_cost", mutates_args=(), tags=_TAGS)
 def _sphere_cost(spheres: torch.Tensor, world: int, activation_distance: float, weight: float, max_distance: float,
                  env: Optional[torch.Tensor], esdf: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(cost (b,h,n), gradient (b,h,n,4)) of spheres (b,h,n,4) float32."""
@@ -61,7 +68,7 @@ def _(spheres, world, activation_distance, weight, max_distance, env, esdf):
     return spheres.new_empty((b, h, n)), spheres.new_empty((b, h, n, 4))
 
 
-@torch.library.custom_op("robot_sdf::sphere_hessian", mutates_args=())
+@torch.library.custom_op("robot_sdf::sphere_hessian", mutates_args=(), tags=_TAGS)
 def _sphere_hessian(spheres: torch.Tensor, world: int, activation_distance: float, weight: float,
                     max_distance: float, env: Optional[torch.Tensor], esdf: bool) -> torch.Tensor:
     """Per-sphere Hessian (b,h,n,3,3) of _sphere_cost's value."""
@@ -97,7 +104,7 @@ def _sphere_cost_backward(ctx, grad_cost, grad_gradient):
 _sphere_cost.register_autograd(_sphere_cost_backward, setup_context=_sphere_cost_setup)
 
 
-@torch.library.custom_op("robot_sdf::swept_sphere_cost", mutates_args=())
+@torch.library.custom_op("robot_sdf::swept_sphere_cost", mutates_args=(), tags=_TAGS)
 def _swept_sphere_cost(spheres: torch.Tensor, world: int, activation_distance: float, weight: float,
                        max_distance: float, sweep_steps: int, speed_dt: float, speed_metric: bool,
                        env: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

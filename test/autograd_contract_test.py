@@ -405,8 +405,9 @@ def test_readme_torch_func_example():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_torch_compile_reduce_overhead_on_cuda():
-    """On CUDA the compiled cost also runs under CUDA-graph capture (mode="reduce-overhead"), with
-    the eager values and gradients (not run in sessions without a GPU)."""
+    """On CUDA the compiled cost also runs with CUDA graphs (mode="reduce-overhead"; the Warp
+    launches between the captured parts), with the eager values and gradients, also after the
+    world changed (not run in sessions without a GPU)."""
     world = MeshWorld(device="cuda:0", num_envs=1, max_distance=MAX_DIST, sign_method="normal")
     world.add_mesh("box", BOX_V, BOX_T, BOX_POSE)
     s = torch.from_numpy(random_spheres(14)).to("cuda:0")
@@ -415,10 +416,11 @@ def test_torch_compile_reduce_overhead_on_cuda():
         return world.sphere_cost(x, ETA, 1.0).sum()
 
     compiled = torch.compile(objective, fullgraph=True, mode="reduce-overhead")
-    for _ in range(3):  # warm-up, record, replay
+    for step in range(4):  # warm-up, record, replays
         eager_x, comp_x = s.clone().requires_grad_(), s.clone().requires_grad_()
         e, c = objective(eager_x), compiled(comp_x)
         e.backward()
         c.backward()
         torch.testing.assert_close(c, e)
         torch.testing.assert_close(comp_x.grad, eager_x.grad)
+        world.set_pose("box", BOX_POSE + np.array([0.01 * step, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]))
