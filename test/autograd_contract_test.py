@@ -192,6 +192,19 @@ def test_curobo_functions_under_transforms(scene):
         torch.testing.assert_close(v[1], fn(s.flip(1)))
         torch.testing.assert_close(torch.func.vmap(torch.func.grad(lambda x: (fn(x) * w).sum()))(stacked)[0], grad)
 
+    # double backward: SdfMeshWarpPy's Hessian-vector product is world.sphere_cost's; the swept
+    # Function refuses with torch's once_differentiable error
+    def hvp(fn):
+        x = s.clone().requires_grad_()
+        (g,) = torch.autograd.grad((fn(x) * w).sum(), x, create_graph=True)
+        return torch.autograd.grad((g * tangent).sum(), x)[0]
+
+    expected = hvp(lambda x: world.sphere_cost(x, ETA, 1.0, env))
+    assert expected.abs().sum() > 0
+    torch.testing.assert_close(hvp(plain), expected)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        hvp(swept)
+
 
 def _reference_grad(spheres: np.ndarray, envs, env_index=None) -> np.ndarray:
     return ref.sphere_cost(spheres, envs, ETA, 1.0, MAX_DIST, env_index=env_index)[1]
