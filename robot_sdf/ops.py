@@ -12,6 +12,7 @@ Shapes: spheres (b,h,n,4) float32; env (b,) int32 or None. Outputs as robot_sdf.
 """
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import Optional
 
@@ -28,11 +29,18 @@ _worlds: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionar
 _TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
 
 
+_handles: "weakref.WeakKeyDictionary[object, int]" = weakref.WeakKeyDictionary()
+_next_handle = itertools.count(1)
+
+
 @torch.compiler.assume_constant_result
 def world_handle(world) -> int:
-    """An integer naming ``world`` for the ops (kept while the world lives)."""
-    _worlds[id(world)] = world
-    return id(world)
+    """An integer naming ``world`` for the ops while it lives (never reused: not its id())."""
+    handle = _handles.get(world)
+    if handle is None:
+        handle = _handles[world] = next(_next_handle)
+        _worlds[handle] = world
+    return handle
 
 
 def _world(handle: int):
