@@ -1125,8 +1125,11 @@ class _SweptSdfMeshWarpPy(torch.autograd.Function):
         if partials.dim() == 2:
             return (unfold_batch(cost, info.batch_size), partials), (0, None)
         # (3, B*b, h, n, 3) -> (3, B, b, h, n, 3): the vmapped dimension is 1.
-        return (unfold_batch(cost, info.batch_size), partials.reshape(3, info.batch_size, b // info.batch_size, h, n, 3)), \
-            (0, 1)
+        partials = partials.reshape(3, info.batch_size, b // info.batch_size, h, n, 3)
+        return (unfold_batch(cost, info.batch_size), partials), (0, 1)
+
+
+# _SweptSdfMeshWarpPy.apply without torch's Python wrapper where that is safe (robot_sdf._internals).
 _swept_apply = _internals.direct_apply(_SweptSdfMeshWarpPy)
 
 
@@ -1138,8 +1141,8 @@ class SweptSdfMeshWarpPy(_SweptSdfMeshWarpPy):
     grad_output from the per-step partials computed in forward (swept_chain_rule), jvp the
     forward-mode one (swept_jvp). ``apply`` returns out_cost; inside, forward also returns the
     partials (3,b,h,n,3) as a non-differentiable output. torch.func's transforms work as for
-    SdfMeshWarpPy; double backward is refused with torch's once_differentiable error. A trailing ``compute_grad``
-    (None: robot_sdf._internals.may_need_gradient) may force or skip the partials.
+    SdfMeshWarpPy; double backward is refused with torch's once_differentiable error. A trailing
+    ``compute_grad`` (None: robot_sdf._internals.may_need_gradient) may force or skip the partials.
     """
 
     @classmethod
