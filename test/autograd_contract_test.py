@@ -275,6 +275,11 @@ def test_signed_distance_hessian_closed_forms(scene):
         (g,) = torch.autograd.grad(world.signed_distance(x)[0].sum(), x, create_graph=True)
         (row,) = torch.autograd.grad(g[0, 0], x)
         np.testing.assert_allclose(row[0].cpu().numpy(), expected[0], atol=2e-3 * max(1.0, 1.0 / d))
+    # vmap over point sets: the same distances as one call per set
+    sets = torch.from_numpy(random_spheres(15, (2, 1, 6))[:, 0, :, :3]).to(world.device)
+    dist = torch.func.vmap(lambda q: world.signed_distance(q)[0])(sets)
+    for i in range(2):
+        torch.testing.assert_close(dist[i], world.signed_distance(sets[i])[0])
 
 
 def test_swept_and_remote_style_double_backward_is_refused(scene):
