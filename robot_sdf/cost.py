@@ -152,11 +152,15 @@ class _SphereCost(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         ctx.set_materialize_grads(False)
         ctx.args = inputs[2]
-        if not ctx.args.second_order:
-            ctx.mark_non_differentiable(output[1])
         ctx.save_for_backward(inputs[0], output[1], inputs[1])
-        ctx.save_for_forward(inputs[0], output[1])
         ctx.env = inputs[1]  # integer, never differentiated (save_for_forward wants floating tensors)
+        if ctx.args.second_order:
+            ctx.save_for_forward(inputs[0], output[1])
+        else:
+            ctx.mark_non_differentiable(output[1])
+            # Plain forward mode runs jvp inside this apply: no torch.func level to wrap these for
+            # (save_for_forward costs a microsecond on every call).
+            ctx.forward_saved = (inputs[0], output[1])
 
     @staticmethod
     def backward(ctx, grad_cost, grad_gradient):
@@ -177,7 +181,7 @@ class _SphereCost(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, spheres_tangent, *_):
-        spheres, gradient = ctx.saved_tensors
+        spheres, gradient = ctx.saved_tensors if ctx.args.second_order else ctx.forward_saved
         env = ctx.env
         # The gradient output's tangent (H t, one more launch) where it is differentiable (under a
         # transform: forward-over-reverse may use it); elsewhere it is a plain buffer.
