@@ -125,24 +125,22 @@ def _buffers(spheres: torch.Tensor):
             torch.empty_like(cost, dtype=torch.uint8))
 
 
-# Under a torch.func transform the gradient output of _SphereCost is differentiable (functorch
-# builds a graph of every backward: the Hessian comes from that node's own backward); in eager mode
-# it is a plain buffer and a create_graph backward goes through SphereGradient instead.
+# Under a torch.func transform the evaluation goes through _SphereCost, whose gradient output is
+# differentiable (functorch builds a graph of every backward: the Hessian comes from that node's
+# own backward); elsewhere through _EagerSphereCost.
 _transforms_active = _internals.transforms_active
 
 
 class _SphereCost(torch.autograd.Function):
     """_SphereCost.apply(spheres (b,h,n,4) float32, env (b,) int32 or None, args: SphereCostArgs)
     -> (cost (b,h,n), gradient (b,h,n,4)): the in-process cost (or ESDF value) with its gradient
-    from the same launch (computing it costs nothing extra there).
+    from the same launch (computing it costs nothing extra there), for torch.func.
 
-    Under a torch.func transform (args.second_order) the gradient is a differentiable output whose
-    own derivative is the Hessian: backward forms the cost's vector-Jacobian product from it, so a
-    second derivative reaches this node again with that output's cotangent, and torch.func's
-    first-order path (it always builds a graph of the backward) runs no further Function. In eager
-    mode it is a plain buffer, and only a create_graph backward goes through SphereGradient. The
-    other arguments travel as one opaque object: autograd and torch.func inspect every argument
-    of apply, and fifteen cost measurable time on a call of a few spheres."""
+    The gradient is a differentiable output whose own derivative is the Hessian: backward forms
+    the cost's vector-Jacobian product from it, so a second derivative reaches this node again
+    with that output's cotangent, and torch.func's first-order path (it always builds a graph of
+    the backward) runs no further Function. The other arguments travel as one opaque object:
+    torch.func walks every argument of apply on every level."""
 
     @staticmethod
     def forward(spheres, env, args):
@@ -152,41 +150,28 @@ class _SphereCost(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         ctx.set_materialize_grads(False)
         ctx.args = inputs[2]
-        ctx.save_for_backward(inputs[0], output[1], inputs[1])
         ctx.env = inputs[1]  # integer, never differentiated (save_for_forward wants floating tensors)
-        if ctx.args.second_order:
-            ctx.save_for_forward(inputs[0], output[1])
-        else:
-            ctx.mark_non_differentiable(output[1])
-            # Plain forward mode runs jvp inside this apply: no torch.func level to wrap these for
-            # (save_for_forward costs a microsecond on every call).
-            ctx.forward_saved = (inputs[0], output[1])
+        ctx.save_for_backward(inputs[0], output[1])
+        ctx.save_for_forward(inputs[0], output[1])
 
     @staticmethod
     def backward(ctx, grad_cost, grad_gradient):
-        spheres, gradient, env = ctx.saved_tensors
+        spheres, gradient = ctx.saved_tensors
         result = None
         if grad_cost is not None:
-            if ctx.args.second_order or (gradient.numel() < _SMALL and not torch.is_grad_enabled()):
-                # second_order: gradient is this node's own differentiable output, so under a graph
-                # of the backward the product links back here. Else the plain first-order product.
-                result = grad_cost.unsqueeze(-1) * gradient
-            else:
-                # create_graph in eager mode (through SphereGradient), or a large product.
-                result = sphere_cost_vjp(grad_cost, spheres, gradient, env, ctx.args)
+            # gradient is this node's own output: under a graph of the backward the product links back here.
+            result = grad_cost.unsqueeze(-1) * gradient
         if grad_gradient is not None:
-            hv = hessian_product(spheres, grad_gradient, env, ctx.args)
+            hv = hessian_product(spheres, grad_gradient, ctx.env, ctx.args)
             result = hv if result is None else result + hv
         return result, None, None
 
     @staticmethod
     def jvp(ctx, spheres_tangent, *_):
-        spheres, gradient = ctx.saved_tensors if ctx.args.second_order else ctx.forward_saved
-        env = ctx.env
-        # The gradient output's tangent (H t, one more launch) where it is differentiable (under a
-        # transform: forward-over-reverse may use it); elsewhere it is a plain buffer.
-        second = hessian_product(spheres, spheres_tangent, env, ctx.args) if ctx.args.second_order else None
-        return sphere_cost_jvp(spheres_tangent, gradient), second
+        spheres, gradient = ctx.saved_tensors
+        # The gradient output's tangent, H t (one more launch): forward-over-reverse uses it.
+        return (sphere_cost_jvp(spheres_tangent, gradient),
+                hessian_product(spheres, spheres_tangent, ctx.env, ctx.args))
 
     @staticmethod
     def vmap(info, in_dims, spheres, env, args):
@@ -198,7 +183,36 @@ class _SphereCost(torch.autograd.Function):
 # Gradient elements below which sphere_cost_vjp's special cases never apply.
 _SMALL = _INTRA_OP_GRAIN
 
-# _SphereCost.apply without torch's Python wrapper where that is safe (robot_sdf._internals).
+class _EagerSphereCost(torch.autograd.Function):
+    """sphere_cost outside torch.func (ordinary autograd, forward-mode AD, no_grad):
+    _EagerSphereCost.apply(spheres, env, args) -> cost (b,h,n), with _SphereCost's derivatives, in
+    torch's older forward-with-ctx form, which the public torch.autograd.Function.apply enters
+    directly (a Function with a setup_context pays a binding of its arguments by inspect on every
+    call, about as much again as the whole evaluation of a few spheres), and one output. The
+    gradient stays on ctx; a create_graph backward goes through SphereGradient for the Hessian."""
+
+    @staticmethod
+    def forward(ctx, spheres, env, args):
+        cost, ctx.gradient = args.launch(spheres, env)
+        # Plain attributes, not saved tensors: an internal buffer and two inputs (no reference
+        # cycle), read back only by this node; saving costs a microsecond per call.
+        ctx.spheres, ctx.env, ctx.args = spheres, env, args
+        return cost
+
+    @staticmethod
+    def backward(ctx, grad_cost):
+        gradient = ctx.gradient
+        if gradient.numel() < _SMALL and not torch.is_grad_enabled():
+            return grad_cost.unsqueeze(-1) * gradient, None, None
+        return sphere_cost_vjp(grad_cost, ctx.spheres, gradient, ctx.env, ctx.args), None, None
+
+    @staticmethod
+    def jvp(ctx, spheres_tangent, *_):
+        return sphere_cost_jvp(spheres_tangent, ctx.gradient)
+
+
+# _SphereCost.apply without torch's Python wrapper where that is safe (robot_sdf._internals): the
+# wrapper's binding by inspect would double the cost of a signed_distance call of a few points.
 _sphere_cost_apply = _internals.direct_apply(_SphereCost)
 
 
@@ -218,7 +232,7 @@ def sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, env_index=
     with world.reading() as snap:
         args = SphereCostArgs(w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
                               False, snap.sign_methods, _transforms_active())
-        cost = _sphere_cost_apply(s, env, args)[0]
+        cost = _SphereCost.apply(s, env, args)[0] if args.second_order else _EagerSphereCost.apply(s, env, args)
     return cost if spheres.dtype is torch.float32 else _as_input_dtype(cost, spheres)
 
 

@@ -787,7 +787,8 @@ class SphereCostArgs:
         self.mesh_idx, self.mesh_pose_inverse, self.mesh_enable, self.n_env_mesh = \
             mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh
         self.compute_esdf, self.sign_method = bool(compute_esdf), sign_method
-        # Whether a backward graph may differentiate the gradient (forward-over-reverse needs its tangent).
+        # Under a torch.func transform (robot_sdf.cost then uses its torch.func Function, whose
+        # gradient output is differentiable).
         self.second_order = second_order
 
     def launch(self, spheres: torch.Tensor, env: torch.Tensor | None,

@@ -399,12 +399,24 @@ def test_private_shortcuts_match_public_paths(scene, monkeypatch):
         h = torch.func.hessian(lambda y: world.sphere_cost(y, ETA, 1.0, [1]).sum())(s[1:, :1])
         return c.detach(), x.grad, sw, h
 
-    shortcut = run()
-    monkeypatch.setattr(cost_module, "_sphere_cost_apply", cost_module._SphereCost.apply)
+    snap = world.snapshot()
+
+    def curobo():
+        x = s.clone().requires_grad_()
+        c = SdfMeshWarpPy.apply(x, *_buffers(x), 1.0, ETA, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable,
+                                snap.n_env_mesh, MAX_DIST, torch.tensor([0, 1], dtype=torch.int32, device=x.device))
+        c.sum().backward()
+        sw = SweptSdfMeshWarpPy.apply(x, *_buffers(x), 1.0, ETA, 0.1, snap.mesh_idx, snap.mesh_pose_inverse,
+                                      snap.mesh_enable, snap.n_env_mesh, MAX_DIST, 2)
+        return c.detach(), x.grad, sw.detach()
+
+    shortcut = run() + curobo()
+    monkeypatch.setattr(warp_primitives, "_sdf_apply", warp_primitives._SdfMeshWarpPy.apply)
+    monkeypatch.setattr(warp_primitives, "_swept_apply", warp_primitives._SweptSdfMeshWarpPy.apply)
     monkeypatch.setattr(_internals, "WARP_SHORTCUTS", False)
     monkeypatch.setattr(_internals, "transforms_active", _internals._transforms_active_fallback)
     monkeypatch.setattr(cost_module, "_transforms_active", _internals._transforms_active_fallback)
-    public = run()
+    public = run() + curobo()
     for a, b in zip(shortcut, public):
         assert torch.equal(a, b)
 
