@@ -183,6 +183,7 @@ class _SphereCost(torch.autograd.Function):
 # Gradient elements below which sphere_cost_vjp's special cases never apply.
 _SMALL = _INTRA_OP_GRAIN
 
+
 class _EagerSphereCost(torch.autograd.Function):
     """sphere_cost outside torch.func (ordinary autograd, forward-mode AD, no_grad):
     _EagerSphereCost.apply(spheres, env, args) -> cost (b,h,n), with _SphereCost's derivatives, in
