@@ -751,17 +751,60 @@ def call_overhead(b: Bench) -> None:
             s.grad = None
             (s * 2.0).sum().backward()
 
+        # The same round trips under torch.func.grad and torch.compile, each against the bare
+        # round trip under the same mechanism (and, for torch.func, a trivial autograd.Function:
+        # torch's own per-Function cost under a transform).
+        detached = s.detach()
+        func_grad = torch.func.grad(lambda x: world.sphere_cost(x, scenes.ACTIVATION, 1.0).sum())
+        func_bare = torch.func.grad(lambda x: (x * 2.0).sum())
+        func_trivial = torch.func.grad(lambda x: _TrivialFunction.apply(x).sum())
+        compiled = torch.compile(lambda x: world.sphere_cost(x, scenes.ACTIVATION, 1.0).sum(), fullgraph=True)
+        compiled_bare = torch.compile(lambda x: (x * 2.0).sum(), fullgraph=True)
+
+        def compiled_case(fn):
+            def run() -> None:
+                s.grad = None
+                fn(s).backward()
+            return run
+
         cases = {"world.sphere_cost + backward": high_level, "SdfMeshWarpPy.apply + backward (preallocated)":
-                 runner.forward_backward, "bare torch autograd round trip": bare}
+                 runner.forward_backward, "bare torch autograd round trip": bare,
+                 "torch.func.grad(world.sphere_cost)": lambda: func_grad(detached),
+                 "torch.func.grad(bare)": lambda: func_bare(detached),
+                 "torch.func.grad(trivial autograd.Function)": lambda: func_trivial(detached),
+                 "torch.compile(world.sphere_cost) + backward": compiled_case(compiled),
+                 "torch.compile(bare) + backward": compiled_case(compiled_bare)}
+        baselines = {"torch.func.grad(world.sphere_cost)": "torch.func.grad(bare)",
+                     "torch.func.grad(trivial autograd.Function)": "torch.func.grad(bare)",
+                     "torch.compile(world.sphere_cost) + backward": "torch.compile(bare) + backward"}
+        for fn in cases.values():  # compile once, outside the timing
+            fn()
         res = measure(cases, 300 if b.quick else 3000, warmup=20, sync=b.sync, budget_s=b.budget_s / 2,
                       min_reps=50)
-        base = res["bare torch autograd round trip"].median
         for name, st in res.items():
+            base_name = baselines.get(name, "bare torch autograd round trip")
             gpu = f"{1e6 * _cuda_event_times(cases[name], 200):.1f}" if cuda else "-"
             rows.append([f"{count:,}", name, f"{1e6 * st.median:.1f} ({1e6 * st.p25:.1f}-{1e6 * st.p75:.1f})", gpu,
-                         f"{st.median / base:.2f}"])
-    emit(table(["spheres", "case", "wall us median (p25-p75)", "CUDA events us", "/ bare"], rows))
-    emit("Wall clock per call including a device sync on CUDA; 8-mesh standard scene, sign method normal.")
+                         f"{st.median / res[base_name].median:.2f}", base_name])
+    emit(table(["spheres", "case", "wall us median (p25-p75)", "CUDA events us", "ratio", "ratio to"], rows))
+    emit("Wall clock per call including a device sync on CUDA; 8-mesh standard scene, sign method normal. "
+         "torch.func rows pay torch's per-autograd.Function cost under a transform (the trivial Function row).")
+
+
+class _TrivialFunction(torch.autograd.Function):
+    """x -> x.sum(-1) with a setup_context: torch's floor for a custom Function under torch.func."""
+
+    @staticmethod
+    def forward(x):
+        return x.sum(-1)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.shape = inputs[0].shape
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return grad_output.unsqueeze(-1).expand(ctx.shape)
 
 
 def run(device: str = "cpu", quick: bool = False) -> None:

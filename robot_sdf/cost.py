@@ -3,6 +3,18 @@
 All inputs are torch tensors on any device (moved to the world's device); outputs live on the
 world's device. Lengths are metres.
 
+dtype: the kernels compute in float32. float64 (or other floating) spheres/points are accepted:
+the outputs come back in the input's dtype (values computed in float32, then converted) and
+gradients flow back in that dtype.
+
+Autograd: sphere_cost, swept_sphere_cost and signed_distance work with ordinary backward,
+torch.func (grad, vmap: the vmapped dimension folds into the batch, one launch; jacrev, jacfwd,
+jvp), forward-mode AD (torch.autograd.forward_ad) and torch.compile(fullgraph=True) (while Dynamo
+traces, the evaluation goes through robot_sdf.ops' custom ops, which read the world's current
+snapshot at run time). sphere_cost and signed_distance have exact second derivatives (double
+backward, forward-over-reverse: warp_primitives.launch_sphere_hessian); swept_sphere_cost refuses
+double backward (once_differentiable).
+
 Dependency direction: world.py imports this module (MeshWorld's evaluation methods delegate
 here); this module never imports world.py and uses only MeshWorld's public API (``device``,
 ``num_envs``, ``max_distance``, ``check_env``, ``reading``), so any object offering that API
@@ -12,12 +24,18 @@ from __future__ import annotations
 
 import torch
 
+from robot_sdf import _internals
 from robot_sdf.warp_primitives import (
-    SdfMeshWarpPy,
+    _INTRA_OP_GRAIN,
+    SphereCostArgs,
     SweptSdfMeshWarpPy,
-    launch_sphere_cost,
+    fold_spheres_env,
+    hessian_product,
     launch_sphere_cost_fresh,
     launch_swept_sphere_cost,
+    sphere_cost_jvp,
+    sphere_cost_vjp,
+    unfold_batch,
 )
 
 
@@ -37,8 +55,13 @@ def _prepare_env_index(world, env_index, batch: int):
         raise ValueError(f"env_index must have one entry per batch row ({batch}), got {env.shape[0]}")
     # Checked where it is free (host memory); on a GPU the kernel gives rows of an unknown
     # environment cost 0 rather than paying a device sync here on every call.
-    if env.device.type == "cpu" and env.numel() and (int(env.min()) < 0 or int(env.max()) >= world.num_envs):
-        raise ValueError(f"env_index values must be in [0, {world.num_envs}), got [{int(env.min())}, {int(env.max())}]")
+    if env.device.type == "cpu" and env.numel() and not torch.compiler.is_compiling():
+        try:
+            low, high = int(env.min()), int(env.max())
+        except RuntimeError:  # a torch.func wrapper (vmap over environments): values unreadable here
+            low, high = 0, 0
+        if low < 0 or high >= world.num_envs:
+            raise ValueError(f"env_index values must be in [0, {world.num_envs}), got [{low}, {high}]")
     return env.to(device=world.device, dtype=torch.int32)
 
 
@@ -87,7 +110,8 @@ def _constant(device: torch.device, value) -> torch.Tensor:
     if t is None:
         if len(_constants) >= _MAX_CONSTANTS:
             _constants.clear()
-        t = _constants.setdefault(key, torch.tensor([float(value)], dtype=torch.float32, device=device))
+        with _internals.plain_tensors():
+            t = _constants.setdefault(key, torch.tensor([float(value)], dtype=torch.float32, device=device))
     return t
 
 
@@ -101,57 +125,116 @@ def _buffers(spheres: torch.Tensor):
             torch.empty_like(cost, dtype=torch.uint8))
 
 
+# Under a torch.func transform the evaluation goes through _SphereCost, whose gradient output is
+# differentiable (functorch builds a graph of every backward: the Hessian comes from that node's
+# own backward); elsewhere through _EagerSphereCost.
+_transforms_active = _internals.transforms_active
+
+
 class _SphereCost(torch.autograd.Function):
-    """SdfMeshWarpPy's cost and backward for buffers this module owns, with the non-differentiable
-    arguments passed as one tuple: autograd inspects every argument of apply, so the fifteen of
-    SdfMeshWarpPy cost measurable time on a call of a few spheres."""
+    """_SphereCost.apply(spheres (b,h,n,4) float32, env (b,) int32 or None, args: SphereCostArgs)
+    -> (cost (b,h,n), gradient (b,h,n,4)): the in-process cost (or ESDF value) with its gradient
+    from the same launch (computing it costs nothing extra there), for torch.func.
+
+    The gradient is a differentiable output whose own derivative is the Hessian: backward forms
+    the cost's vector-Jacobian product from it, so a second derivative reaches this node again
+    with that output's cotangent, and torch.func's first-order path (it always builds a graph of
+    the backward) runs no further Function. The other arguments travel as one opaque object:
+    torch.func walks every argument of apply on every level."""
 
     @staticmethod
-    def forward(ctx, spheres, call):
-        cost, grad, sparsity, rest, sign_methods = call
-        launch_sphere_cost_fresh(spheres, cost, grad, sparsity, *rest, compute_esdf=False,
-                                 compute_grad=bool(ctx.needs_input_grad[0]), sign_method=sign_methods)
-        ctx.out_grad = grad  # an internal buffer, not an output: no reference cycle
+    def forward(spheres, env, args):
+        return args.launch(spheres, env)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.set_materialize_grads(False)
+        ctx.args = inputs[2]
+        ctx.env = inputs[1]  # integer, never differentiated (save_for_forward wants floating tensors)
+        ctx.save_for_backward(inputs[0], output[1])
+        ctx.save_for_forward(inputs[0], output[1])
+
+    @staticmethod
+    def backward(ctx, grad_cost, grad_gradient):
+        spheres, gradient = ctx.saved_tensors
+        result = None
+        if grad_cost is not None:
+            # gradient is this node's own output: under a graph of the backward the product links back here.
+            result = grad_cost.unsqueeze(-1) * gradient
+        if grad_gradient is not None:
+            hv = hessian_product(spheres, grad_gradient, ctx.env, ctx.args)
+            result = hv if result is None else result + hv
+        return result, None, None
+
+    @staticmethod
+    def jvp(ctx, spheres_tangent, *_):
+        spheres, gradient = ctx.saved_tensors
+        # The gradient output's tangent, H t (one more launch): forward-over-reverse uses it.
+        return (sphere_cost_jvp(spheres_tangent, gradient),
+                hessian_product(spheres, spheres_tangent, ctx.env, ctx.args))
+
+    @staticmethod
+    def vmap(info, in_dims, spheres, env, args):
+        folded, fenv = fold_spheres_env(info, spheres, in_dims[0], env, in_dims[1])
+        cost, gradient = _SphereCost.apply(folded, fenv, args)
+        return (unfold_batch(cost, info.batch_size), unfold_batch(gradient, info.batch_size)), (0, 0)
+
+
+# Gradient elements below which sphere_cost_vjp's special cases never apply.
+_SMALL = _INTRA_OP_GRAIN
+
+
+class _EagerSphereCost(torch.autograd.Function):
+    """sphere_cost outside torch.func (ordinary autograd, forward-mode AD, no_grad):
+    _EagerSphereCost.apply(spheres, env, args) -> cost (b,h,n), with _SphereCost's derivatives, in
+    torch's older forward-with-ctx form, which the public torch.autograd.Function.apply enters
+    directly (a Function with a setup_context pays a binding of its arguments by inspect on every
+    call, about as much again as the whole evaluation of a few spheres), and one output. The
+    gradient stays on ctx; a create_graph backward goes through SphereGradient for the Hessian."""
+
+    @staticmethod
+    def forward(ctx, spheres, env, args):
+        cost, ctx.gradient = args.launch(spheres, env)
+        # Plain attributes, not saved tensors: an internal buffer and two inputs (no reference
+        # cycle), read back only by this node; saving costs a microsecond per call.
+        ctx.spheres, ctx.env, ctx.args = spheres, env, args
         return cost
 
     @staticmethod
-    def backward(ctx, grad_output):
-        # out_grad[..., 3] is zero, so the radius gets no gradient (as SdfMeshWarpPy.backward).
-        return grad_output.unsqueeze(-1) * ctx.out_grad, None
+    def backward(ctx, grad_cost):
+        gradient = ctx.gradient
+        if gradient.numel() < _SMALL and not torch.is_grad_enabled():
+            return grad_cost.unsqueeze(-1) * gradient, None, None
+        return sphere_cost_vjp(grad_cost, ctx.spheres, gradient, ctx.env, ctx.args), None, None
+
+    @staticmethod
+    def jvp(ctx, spheres_tangent, *_):
+        return sphere_cost_jvp(spheres_tangent, ctx.gradient)
 
 
-def _direct_apply(function):
-    """(torch's C entry point of ``function.apply``, its functorch checks), or None where this
-    torch does not offer them.
-
-    torch.autograd.Function.apply is a Python wrapper around that entry point: it binds default
-    arguments for Functions with a setup_context (_SphereCost has none) and, unless a functorch
-    transform is active, unwraps dead functorch wrappers and calls the entry point. sphere_cost
-    does the same with two C calls, a few microseconds less on every evaluation; under an active
-    transform it goes through apply."""
-    try:
-        return (super(torch.autograd.Function, function).apply, torch._C._are_functorch_transforms_active,
-                torch._C._functorch.unwrap_if_dead)
-    except AttributeError:  # pragma: no cover - other torch versions
-        return None
+# _SphereCost.apply without torch's Python wrapper where that is safe (robot_sdf._internals): the
+# wrapper's binding by inspect would double the cost of a signed_distance call of a few points.
+_sphere_cost_apply = _internals.direct_apply(_SphereCost)
 
 
-_sphere_cost_apply = _direct_apply(_SphereCost)
+def _as_input_dtype(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return out if like.dtype == torch.float32 or not like.is_floating_point() else out.to(like.dtype)
 
 
 def sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, env_index=None, max_distance=None):
     """Cost (b,h,n) of spheres (b,h,n,4) [x,y,z,r]; differentiable w.r.t. the sphere centres."""
     s = _prepare_spheres(world, spheres)
     env = None if env_index is None else _prepare_env_index(world, env_index, s.shape[0])
+    if torch.compiler.is_compiling():
+        from robot_sdf import ops
+        return _as_input_dtype(ops.sphere_cost(world, s, activation_distance, weight, env, max_distance, False),
+                               spheres)
     w, eta, max_d = _scalars(world, activation_distance, weight, max_distance)
-    cost, grad, sparsity = _buffers(s)
     with world.reading() as snap:
-        call = (cost, grad, sparsity, (w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable,
-                                       snap.n_env_mesh, max_d, env), snap)
-        direct = _sphere_cost_apply
-        if direct is not None and not direct[1]():
-            return direct[0](direct[2](s), call)
-        return _SphereCost.apply(s, call)
+        args = SphereCostArgs(w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
+                              False, snap, _transforms_active())
+        cost = _SphereCost.apply(s, env, args)[0] if args.second_order else _EagerSphereCost.apply(s, env, args)
+    return cost if spheres.dtype is torch.float32 else _as_input_dtype(cost, spheres)
 
 
 def swept_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, sweep_steps=4, speed_dt=0.1,
@@ -163,11 +246,19 @@ def swept_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, swee
     env = _prepare_env_index(world, env_index, s.shape[0])
     w, eta, max_d = _scalars(world, activation_distance, weight, max_distance)
     dt = _speed_dt(world, speed_dt, enable_speed_metric)
+    if torch.compiler.is_compiling():
+        from robot_sdf import ops
+        return _as_input_dtype(ops.swept_sphere_cost(world, s, activation_distance, weight, sweep_steps, speed_dt,
+                                                     enable_speed_metric, env, max_distance), spheres)
     cost, grad, sparsity = _buffers(s)
+    # Partials only when a gradient may be asked for (a no-grad rollout skips them).
+    want = _internals.may_need_gradient(s)
     with world.reading() as snap:
-        return SweptSdfMeshWarpPy.apply(s, cost, grad, sparsity, w, eta, dt, snap.mesh_idx,
+        cost = SweptSdfMeshWarpPy.apply(s, cost, grad, sparsity, w, eta, dt, snap.mesh_idx,
                                         snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
-                                        int(sweep_steps), bool(enable_speed_metric), env, False, snap)
+                                        int(sweep_steps), bool(enable_speed_metric), env, False, snap,
+                                        want)
+    return _as_input_dtype(cost, spheres)
 
 
 def signed_distance(world, points, env=0, max_distance=None, return_revision=False):
@@ -181,23 +272,37 @@ def signed_distance(world, points, env=0, max_distance=None, return_revision=Fal
     if pts.dim() != 2 or pts.shape[-1] != 3:
         raise ValueError(f"points must be (n, 3), got {tuple(pts.shape)}")
     world.check_env(env)
-    pts = pts.to(device=world.device, dtype=torch.float32)
-    spheres = torch.cat([pts, torch.zeros_like(pts[:, :1])], dim=1).reshape(1, 1, -1, 4)
+    pts32 = pts.to(device=world.device, dtype=torch.float32)
+    spheres = torch.cat([pts32, torch.zeros_like(pts32[:, :1])], dim=1).reshape(1, 1, -1, 4)
+    if torch.compiler.is_compiling():
+        from robot_sdf import ops
+        dist, grad = ops.signed_distance(world, spheres, env, max_distance)
+        return (_as_input_dtype(dist.reshape(-1), pts), grad.detach().reshape(-1, 4)[:, :3])
     # weight -1 turns the ESDF value max_i(-sd_i) into min_i sd_i, the signed distance to the union.
     w, eta, max_d = _scalars(world, 0.0, -1.0, max_distance)
-    cost, grad, sparsity = _buffers(spheres)
-    env_index = torch.full((1,), int(env), dtype=torch.int32, device=world.device)
+    env_index = _env_rows(world.device, int(env))
     with world.reading() as snap:
-        args = (spheres, cost, grad, sparsity, w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable,
-                snap.n_env_mesh, max_d, env_index)
-        if spheres.requires_grad:
-            dist = SdfMeshWarpPy.apply(*args, False, True, snap)
-        else:
-            launch_sphere_cost(*args, compute_esdf=True, compute_grad=True, sign_method=snap)
-            dist = cost
+        args = SphereCostArgs(w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
+                              True, snap, _transforms_active())
+        dist, grad = _sphere_cost_apply(spheres, env_index, args)
         revision = snap.revision
-    result = (dist.reshape(-1), grad.detach().reshape(-1, 4)[:, :3])
+    result = (_as_input_dtype(dist.reshape(-1), pts), grad.detach().reshape(-1, 4)[:, :3])
     return result + (revision,) if return_revision else result
+
+
+def _env_rows(device: torch.device, env: int) -> torch.Tensor:
+    """A (1,) int32 tensor holding ``env`` on ``device``, cached (callers never write to it)."""
+    key = (device, env)
+    t = _env_row_tensors.get(key)
+    if t is None:
+        if len(_env_row_tensors) >= _MAX_CONSTANTS:
+            _env_row_tensors.clear()
+        with _internals.plain_tensors():
+            t = _env_row_tensors.setdefault(key, torch.full((1,), env, dtype=torch.int32, device=device))
+    return t
+
+
+_env_row_tensors: dict = {}
 
 
 def _speed_dt(world, speed_dt, enable_speed_metric):

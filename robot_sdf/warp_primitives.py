@@ -20,6 +20,17 @@ zero-filled). SdfMeshWarpPy's ``backward`` returns grad_output[..., None] * out_
 spheres. A swept step's cost depends on its two neighbours as well: SweptSdfMeshWarpPy's out_grad
 is the gradient of the summed cost, and its ``backward`` applies the exact chain rule for any
 grad_output from per-step partials kept from forward (swept_chain_rule).
+
+The whole autograd.Function contract (setup_context style): both work under torch.func (grad,
+vmap - the vmapped dimension folds into b, one launch -, jacrev, jacfwd, jvp) and forward-mode
+AD, with the ordinary backward's numbers. A second trailing argument, ``compute_grad`` (None:
+robot_sdf._internals.may_need_gradient, which also sees torch.func transforms and forward-mode
+tangents), says whether out_grad / the swept partials are filled. Inside, each public class's
+``apply`` runs a Function whose forward returns (out_cost, gradient or partials) so that every
+torch.func level sees the second output; ``apply`` returns out_cost as cuRobo's does.
+SdfMeshWarpPy has exact second derivatives (SphereGradient / SphereHessian over
+launch_sphere_hessian); SweptSdfMeshWarpPy refuses double backward with torch's
+once_differentiable error. float64 spheres are refused (ValueError): the buffers are float32.
 """
 from __future__ import annotations
 
@@ -33,7 +44,7 @@ import numpy as np
 import torch
 import warp as wp
 
-from robot_sdf import kernels, mesh_analysis
+from robot_sdf import _internals, kernels, mesh_analysis
 from robot_sdf.types import SignMethod, WorldSnapshot
 
 _CPU_MIN_SPHERES_PER_THREAD = 2048
@@ -211,6 +222,11 @@ def _replay(kernel, wdev, total: int, args: list, stream=None) -> None:
     """Launch ``kernel`` over ``total`` threads with ``args`` (its whole argument list, array
     arguments as descriptors or wp.arrays, scalars as Python numbers) through a recorded launch
     reused across calls."""
+    if not _internals.WARP_SHORTCUTS:
+        # Warp's public launch: the recorded-launch shortcuts below write into Warp's private
+        # Launch object, checked only on the versions robot_sdf._internals lists.
+        wp.launch(kernel, dim=total, inputs=args, device=wdev, stream=stream)
+        return
     key = (kernel, wdev.alias)
     entry = _launches.by_kernel.get(key)
     if entry is None:
@@ -253,7 +269,8 @@ def _cpu_call(kernel, device: torch.device, total: int) -> _CpuCall | None:
     """This thread's direct call of ``kernel`` on the CPU, set to ``total`` threads, when the
     launch runs as one serial chunk and an earlier launch through _launch has recorded it; else
     None (launch through _launch)."""
-    if device.type != "cpu" or total == 0 or total >= 2 * _CPU_MIN_SPHERES_PER_THREAD:
+    if device.type != "cpu" or total == 0 or total >= 2 * _CPU_MIN_SPHERES_PER_THREAD \
+            or not _internals.WARP_SHORTCUTS:
         return None
     entry = _launches.by_kernel.get((kernel, warp_device(device).alias))
     if entry is None or entry[2] is None:
@@ -439,7 +456,8 @@ def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device) -
         _check_winding_support(mesh_idx.detach().reshape(-1).cpu().numpy().astype(np.uint64))
     unused = _no_slot_sign.get(device)
     if unused is None:
-        unused = _no_slot_sign.setdefault(device, torch.zeros((1, 1), dtype=torch.uint8, device=device))
+        with _internals.plain_tensors():
+            unused = _no_slot_sign.setdefault(device, torch.zeros((1, 1), dtype=torch.uint8, device=device))
     return int(method), _cached(("no_sign", id(unused)), (unused,), lambda: _as_warp(unused))
 
 
@@ -499,7 +517,8 @@ def _env_tensor(env_query_idx, batch: int, device: torch.device) -> tuple[torch.
     if env_query_idx is None:
         unused = _no_env_query.get(device)
         if unused is None:
-            unused = _no_env_query.setdefault(device, torch.zeros(1, dtype=torch.int32, device=device))
+            with _internals.plain_tensors():
+                unused = _no_env_query.setdefault(device, torch.zeros(1, dtype=torch.int32, device=device))
         return unused, 0
     env = env_query_idx.reshape(-1)
     if env.shape[0] != batch:
@@ -768,82 +787,417 @@ _unused_ints: dict[torch.device, torch.Tensor] = {}
 def _unused_int(device: torch.device) -> torch.Tensor:
     t = _unused_ints.get(device)
     if t is None:
-        t = _unused_ints.setdefault(device, torch.zeros(1, dtype=torch.int32, device=device))
+        with _internals.plain_tensors():
+            t = _unused_ints.setdefault(device, torch.zeros(1, dtype=torch.int32, device=device))
     return t
+
+
+def launch_sphere_hessian(query_spheres, weight, activation_distance, mesh_idx, mesh_pose_inverse, mesh_enable,
+                          n_env_mesh, max_dist, env_query_idx=None, compute_esdf: bool = False,
+                          sign_method=SignMethod.AUTO) -> torch.Tensor:
+    """d^2 out_cost / d p^2 (b,h,n,3,3) float32 of launch_sphere_cost's value, per sphere, world frame.
+
+    Per mesh with penetration d > 0: c''(d) n n^T - c'(d) H_sd, H_sd the Hessian of the signed
+    distance (0 on a face, (I - n n^T)/sd at a vertex, (I - n n^T - e e^T)/sd on an edge);
+    compute_esdf: that of max_i(-sd_i). Undefined (as the gradient's jump) on medial axes and
+    region boundaries; 0 within 1e-6 m of a surface."""
+    b, h, n = _check_spheres(query_spheres)
+    device = query_spheres.device
+    spheres_data = query_spheres.detach().contiguous()
+    env, use_env = _env_tensor(env_query_idx, b, device)
+    constants = _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
+                                    n_env_mesh, sign_method, device)
+    hessian = torch.empty(b, h, n, 3, 3, dtype=torch.float32, device=device)
+    # The Hessian kernel loops over every slot (no slot BVH): it serves double backward only.
+    inputs = [_flat(spheres_data, 16), *constants[:7], _env_descriptor(env, use_env), use_env, h * n, *constants[7:9],
+              int(bool(compute_esdf))]
+    _launch(kernels.sphere_hessian_kernel, b * h * n, inputs, [_flat(hessian, 36)], device)
+    return hessian
 
 
 # Elements below which torch runs an elementwise product on the calling thread (its grain size).
 _INTRA_OP_GRAIN = 32768
 
 
-class SdfMeshWarpPy(torch.autograd.Function):
-    """Collision cost of spheres against the meshes of a world (design.md sections 3-4)."""
+class SphereCostArgs:
+    """Everything of a sphere-cost launch but the spheres and env_query_idx (launch_sphere_cost's
+    other arguments), handed to the autograd Functions below as one opaque argument: torch.func
+    treats it as a leaf (a tuple of ten members would be walked on every call and level), so
+    env_query_idx, which a vmap may batch, travels as a tensor argument of its own."""
+
+    __slots__ = ("weight", "activation_distance", "mesh_idx", "mesh_pose_inverse", "mesh_enable", "n_env_mesh",
+                 "max_dist", "compute_esdf", "sign_method", "second_order")
+
+    def __init__(self, weight, activation_distance, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist,
+                 compute_esdf: bool, sign_method, second_order: bool = True):
+        self.weight, self.activation_distance, self.max_dist = weight, activation_distance, max_dist
+        self.mesh_idx, self.mesh_pose_inverse, self.mesh_enable, self.n_env_mesh = \
+            mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh
+        self.compute_esdf, self.sign_method = bool(compute_esdf), sign_method
+        # Under a torch.func transform (robot_sdf.cost then uses its torch.func Function, whose
+        # gradient output is differentiable).
+        self.second_order = second_order
+
+    def launch(self, spheres: torch.Tensor, env: torch.Tensor | None,
+               compute_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cost (b,h,n), gradient (b,h,n,4)) of float32 spheres (b,h,n,4), in fresh buffers."""
+        b, h, n, _ = spheres.shape
+        cost = torch.empty(b, h, n, dtype=torch.float32, device=spheres.device)
+        grad = torch.empty_like(spheres, memory_format=torch.contiguous_format)
+        sparsity = torch.empty_like(cost, dtype=torch.uint8)
+        launch_sphere_cost_fresh(spheres, cost, grad, sparsity, self.weight, self.activation_distance, self.mesh_idx,
+                                 self.mesh_pose_inverse, self.mesh_enable, self.n_env_mesh, self.max_dist, env,
+                                 compute_esdf=self.compute_esdf, compute_grad=compute_grad,
+                                 sign_method=self.sign_method)
+        return cost, grad
+
+    def hessian(self, spheres: torch.Tensor, env: torch.Tensor | None) -> torch.Tensor:
+        return launch_sphere_hessian(spheres, self.weight, self.activation_distance, self.mesh_idx,
+                                     self.mesh_pose_inverse, self.mesh_enable, self.n_env_mesh, self.max_dist, env,
+                                     self.compute_esdf, self.sign_method)
+
+
+# --- torch.func (vmap) support: a vmapped dimension folds into the batch dimension b.
+
+def _vmap_batch(info, tensors_and_dims) -> tuple:
+    """Each (tensor or None, its vmapped dim or None) -> the tensor with the vmapped dimension
+    (batch size info.batch_size) first; an unbatched tensor is expanded to it."""
+    out = []
+    for t, dim in tensors_and_dims:
+        if t is None:
+            out.append(None)
+        elif dim is None:
+            out.append(t.unsqueeze(0).expand(info.batch_size, *t.shape))
+        else:
+            out.append(t.movedim(dim, 0))
+    return tuple(out)
+
+
+def _fold(t: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, b, ...) -> (B*b, ...)."""
+    return None if t is None else t.reshape(t.shape[0] * t.shape[1], *t.shape[2:])
+
+
+def _refuse_batched_world(names_and_dims) -> None:
+    for name, dim in names_and_dims:
+        if dim is not None:
+            raise ValueError(f"robot_sdf: vmap over {name} is not supported (vmap over spheres and env_query_idx; "
+                             "world tensors are shared by every sample)")
+
+
+def fold_spheres_env(info, spheres, spheres_dim, env, env_dim):
+    """spheres (B,b,h,n,4) folded to (B*b,h,n,4) and env_query_idx ((B,b), (b,) or None) to match."""
+    spheres_b, env_b = _vmap_batch(info, ((spheres, spheres_dim), (env, env_dim)))
+    return _fold(spheres_b), (None if env_b is None else env_b.reshape(-1))
+
+
+def unfold_batch(t: torch.Tensor, batch_size: int) -> torch.Tensor:
+    return t.reshape(batch_size, t.shape[0] // batch_size, *t.shape[1:])
+
+
+def _pad_radius(g3: torch.Tensor) -> torch.Tensor:
+    """(..., 3) -> (..., 4) with a zero radius component."""
+    return torch.cat([g3, torch.zeros_like(g3[..., :1])], dim=-1)
+
+
+def hessian_product(spheres: torch.Tensor, vector: torch.Tensor, env, args: SphereCostArgs) -> torch.Tensor:
+    """H v (b,h,n,4), H the per-sphere Hessian of the cost, v (b,h,n,4) (its radius ignored)."""
+    hess = SphereHessian.apply(spheres, env, args)
+    return _pad_radius(torch.matmul(hess.to(vector.dtype), vector[..., :3].unsqueeze(-1)).squeeze(-1))
+
+
+class SphereHessian(torch.autograd.Function):
+    """SphereHessian.apply(spheres (b,h,n,4), env_query_idx, args: SphereCostArgs) -> (b,h,n,3,3):
+    the per-sphere Hessian of the cost, for second derivatives. Third derivatives are refused."""
 
     @staticmethod
-    def forward(
-        ctx, query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
-        mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx=None, return_loss=False,
-        compute_esdf=False, sign_method=SignMethod.AUTO,
-    ):
-        compute_grad = bool(ctx.needs_input_grad[0])
-        launch_sphere_cost(
-            query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
-            mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx,
-            compute_esdf=compute_esdf, compute_grad=compute_grad, sign_method=sign_method,
-        )
-        ctx.save_for_backward(out_grad)
-        ctx.return_loss = return_loss
-        return out_cost
+    def forward(spheres, env, args):
+        return args.hessian(spheres, env)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
 
     @staticmethod
     def backward(ctx, grad_output):
-        (out_grad,) = ctx.saved_tensors
+        raise RuntimeError("robot_sdf: derivatives of the collision cost beyond the second are not implemented")
+
+    @staticmethod
+    def vmap(info, in_dims, spheres, env, args):
+        folded, fenv = fold_spheres_env(info, spheres, in_dims[0], env, in_dims[1])
+        return unfold_batch(SphereHessian.apply(folded, fenv, args), info.batch_size), 0
+
+
+class SphereGradient(torch.autograd.Function):
+    """SphereGradient.apply(spheres, gradient (b,h,n,4), env_query_idx, args) -> gradient: the
+    cost gradient computed in forward, passed through as a function of the spheres whose own
+    derivative is the Hessian (double backward, forward-over-reverse)."""
+
+    @staticmethod
+    def forward(spheres, gradient, env, args):
+        return gradient.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0], inputs[2])
+        ctx.save_for_forward(inputs[0])
+        ctx.env = inputs[2]  # integer, never differentiated (save_for_forward wants floating tensors)
+        ctx.args = inputs[3]
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        spheres, env = ctx.saved_tensors
+        return hessian_product(spheres, grad_output, env, ctx.args), None, None, None
+
+    @staticmethod
+    def jvp(ctx, spheres_tangent, *_):
+        (spheres,) = ctx.saved_tensors
+        return hessian_product(spheres, spheres_tangent, ctx.env, ctx.args)
+
+    @staticmethod
+    def vmap(info, in_dims, spheres, gradient, env, args):
+        folded, fenv = fold_spheres_env(info, spheres, in_dims[0], env, in_dims[2])
+        (grad_b,) = _vmap_batch(info, ((gradient, in_dims[1]),))
+        return unfold_batch(SphereGradient.apply(folded, _fold(grad_b), fenv, args), info.batch_size), 0
+
+
+def sphere_cost_vjp(grad_output: torch.Tensor, spheres: torch.Tensor, gradient: torch.Tensor, env,
+                    args: SphereCostArgs) -> torch.Tensor:
+    """d (sum grad_output * cost) / d spheres (b,h,n,4) from the forward's gradient (b,h,n,4): the
+    backward shared by SdfMeshWarpPy and robot_sdf.cost. With create_graph the gradient goes
+    through SphereGradient, so that a second backward gets the Hessian."""
+    if torch.is_grad_enabled():
+        return grad_output.unsqueeze(-1) * SphereGradient.apply(spheres, gradient, env, args)
+    # out_grad[..., 3] is zero, so the radius gets no gradient.
+    if gradient.numel() >= _INTRA_OP_GRAIN and gradient.device.type == "cpu" \
+            and grad_output.dtype == torch.float32 and not grad_output.requires_grad \
+            and type(grad_output) is torch.Tensor and grad_output.layout == torch.strided:
+        # The same float32 products on the calling thread: torch splits a product this
+        # large over its intra-op threads, and on a loaded CPU that barrier waits for a
+        # busy core (5-8 ms per call on 2 shared cores, against 0.2-0.4 ms for the product).
+        # Smaller products run on one thread anyway: torch's own path is cheaper there.
+        try:
+            return torch.from_numpy(np.multiply(grad_output.resolve_neg().numpy()[..., None], gradient.numpy()))
+        except (RuntimeError, TypeError):  # a tensor numpy cannot view (torch.func wrapper): torch's path
+            pass
+    return grad_output.unsqueeze(-1) * gradient
+
+
+def sphere_cost_jvp(tangent: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
+    """Forward-mode tangent (b,h,n) of the cost: the gradient (b,h,n,4) dotted with the spheres'
+    tangent (b,h,n,4) (gradient[..., 3] is 0: the radius does not count)."""
+    return (gradient.to(tangent.dtype) * tangent).sum(-1)
+
+
+class _SdfMeshWarpPy(torch.autograd.Function):
+    """SdfMeshWarpPy's Function: forward returns (out_cost, a non-differentiable second output)."""
+
+    @staticmethod
+    def forward(
+        query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
+        mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx=None, return_loss=False,
+        compute_esdf=False, sign_method=SignMethod.AUTO, compute_grad=None,
+    ):
+        launch_sphere_cost(
+            query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
+            mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx,
+            compute_esdf=compute_esdf, compute_grad=bool(compute_grad), sign_method=sign_method,
+        )
+        return out_cost, out_grad.view_as(out_grad)  # a view: an input returned as-is may not be saved
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[1])
+        ctx.args = SphereCostArgs(*inputs[4:11], inputs[13], inputs[14])
+        env = inputs[11]
+        ctx.save_for_backward(inputs[0], output[1], env if isinstance(env, torch.Tensor) else None)
+        ctx.save_for_forward(output[1])
+
+    @staticmethod
+    def backward(ctx, grad_output, *_):
         grad_spheres = None
         if ctx.needs_input_grad[0]:
-            # out_grad[..., 3] is zero, so the radius gets no gradient.
-            if out_grad.numel() >= _INTRA_OP_GRAIN and out_grad.device.type == "cpu" \
-                    and grad_output.dtype == torch.float32 and not grad_output.requires_grad:
-                # The same float32 products on the calling thread: torch splits a product this
-                # large over its intra-op threads, and on a loaded CPU that barrier waits for a
-                # busy core (5-8 ms per call on 2 shared cores, against 0.2-0.4 ms for the product).
-                # Smaller products run on one thread anyway: torch's own path is cheaper there.
-                grad_spheres = torch.from_numpy(np.multiply(grad_output.resolve_neg().numpy()[..., None], out_grad.numpy()))
-            else:
-                grad_spheres = grad_output.unsqueeze(-1) * out_grad
-        return (grad_spheres,) + (None,) * 14
+            spheres, gradient, env = ctx.saved_tensors
+            grad_spheres = sphere_cost_vjp(grad_output, spheres, gradient, env, ctx.args)
+        return (grad_spheres,) + (None,) * 15
+
+    @staticmethod
+    def jvp(ctx, spheres_tangent, *_):
+        (gradient,) = ctx.saved_tensors
+        return sphere_cost_jvp(spheres_tangent, gradient), None
+
+    @staticmethod
+    def vmap(info, in_dims, query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
+             mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx, return_loss, compute_esdf,
+             sign_method, compute_grad):
+        _refuse_batched_world(zip(("weight", "activation_distance", "mesh_idx", "mesh_pose_inverse", "mesh_enable",
+                                   "n_env_mesh", "max_dist", "sign_method"), in_dims[4:11] + in_dims[14:15]))
+        spheres, env = fold_spheres_env(info, query_spheres, in_dims[0], env_query_idx, in_dims[11])
+        b, h, n, _ = spheres.shape
+        cost = torch.empty(b, h, n, dtype=torch.float32, device=spheres.device)
+        grad = torch.empty(b, h, n, 4, dtype=torch.float32, device=spheres.device)
+        sparsity = torch.empty(b, h, n, dtype=torch.uint8, device=spheres.device)
+        cost, grad = _SdfMeshWarpPy.apply(
+            spheres, cost, grad, sparsity, weight, activation_distance, mesh_idx, mesh_pose_inverse, mesh_enable,
+            n_env_mesh, max_dist, env, return_loss, compute_esdf, sign_method, compute_grad)
+        return (unfold_batch(cost, info.batch_size), unfold_batch(grad, info.batch_size)), (0, 0)
 
 
-class SweptSdfMeshWarpPy(torch.autograd.Function):
+# _SdfMeshWarpPy.apply without torch's Python wrapper where that is safe (robot_sdf._internals).
+_sdf_apply = _internals.direct_apply(_SdfMeshWarpPy)
+
+
+class SdfMeshWarpPy(_SdfMeshWarpPy):
+    """Collision cost of spheres against the meshes of a world (design.md sections 3-4).
+
+    ``apply`` returns out_cost as cuRobo's does. Inside, forward returns (out_cost, out_grad), the
+    gradient a non-differentiable second output, so that torch.func sees it at every level.
+    Besides ordinary backward: torch.func (grad, vmap, jacrev, jacfwd, jvp), forward-mode AD and
+    exact double backward (robot_sdf.cost's notes). Under a vmap the vmapped dimension folds into
+    b and fresh outputs are used (the caller's buffers are not written). Where a derivative may be
+    asked for (robot_sdf._internals.may_need_gradient) out_grad is filled, else zero-filled. A
+    trailing ``compute_grad`` (None: decide so) may force either.
+    """
+
+    @classmethod
+    def apply(cls, *args, **kwargs):
+        full = _internals.bind_arguments(cls, args, kwargs)
+        if full[15] is None:
+            full[15] = _internals.may_need_gradient(full[0])
+        return _sdf_apply(*full)[0]
+
+
+class _SecondOrderRefused(torch.autograd.Function):
+    """Identity on a first derivative whose own derivative robot_sdf does not have."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(gradient, spheres):
+        return gradient.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        # torch's own once_differentiable message, which users and tools recognise.
+        raise RuntimeError("trying to differentiate twice a function that was marked with @once_differentiable "
+                           "(robot_sdf: this cost has no second derivatives; the in-process sphere_cost and "
+                           "signed_distance have exact ones)")
+
+
+def refuse_second_order(gradient: torch.Tensor, spheres: torch.Tensor) -> torch.Tensor:
+    """A backward's result for ``spheres``: as is, unless a graph of the backward is being built
+    (create_graph) - then through a node that refuses to be differentiated, with torch's
+    once_differentiable error (torch's decorator alone gives a result that does not require grad,
+    whose second backward fails with a message that names nothing)."""
+    if torch.is_grad_enabled() and spheres.requires_grad:
+        return _SecondOrderRefused.apply(gradient, spheres)
+    return gradient
+
+
+def swept_jvp(tangent: torch.Tensor, partials: torch.Tensor) -> torch.Tensor:
+    """Forward-mode tangent (b,h,n) of the swept costs: own[t].dp[t] + to_prev[t].dp[t-1] +
+    to_next[t].dp[t+1], from the partials (3,b,h,n,3) and the spheres' tangent (b,h,n,4)."""
+    own, to_prev, to_next = partials.to(tangent.dtype).unbind(0)
+    dp = tangent[..., :3]
+    out = (own * dp).sum(-1)
+    out[:, 1:] = out[:, 1:] + (to_prev[:, 1:] * dp[:, :-1]).sum(-1)
+    out[:, :-1] = out[:, :-1] + (to_next[:, :-1] * dp[:, 1:]).sum(-1)
+    return out
+
+
+class _SweptSdfMeshWarpPy(torch.autograd.Function):
+    """SweptSdfMeshWarpPy's Function: forward returns (out_cost, a non-differentiable second output)."""
+
+    @staticmethod
+    def forward(
+        query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,
+        mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps=1,
+        enable_speed_metric=False, env_query_idx=None, return_loss=False, sign_method=SignMethod.AUTO,
+        compute_grad=None,
+    ):
+        partials = launch_swept_sphere_cost(
+            query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,
+            mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps,
+            enable_speed_metric, env_query_idx, compute_grad=bool(compute_grad), sign_method=sign_method,
+        )
+        return out_cost, (partials.buffer if partials is not None else out_cost.new_empty((3, 0)))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(output[1], inputs[0])
+        ctx.save_for_forward(output[1])
+
+    @staticmethod
+    def _partials(ctx):
+        partials = ctx.saved_tensors[0]
+        if partials.dim() == 2:
+            raise RuntimeError("SweptSdfMeshWarpPy: derivatives asked for a call made with compute_grad=False")
+        return partials
+
+    @staticmethod
+    def backward(ctx, grad_output, *_):
+        grad_spheres = None
+        if ctx.needs_input_grad[0]:
+            own, to_prev, to_next = _SweptSdfMeshWarpPy._partials(ctx).unbind(0)
+            # The radius gets no gradient.
+            grad_spheres = _pad_radius(swept_chain_rule(own, to_prev, to_next, grad_output))
+            grad_spheres = refuse_second_order(grad_spheres, ctx.saved_tensors[1])
+        return (grad_spheres,) + (None,) * 17
+
+    @staticmethod
+    def jvp(ctx, spheres_tangent, *_):
+        return swept_jvp(spheres_tangent, _SweptSdfMeshWarpPy._partials(ctx)), None
+
+    @staticmethod
+    def vmap(info, in_dims, query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,
+             mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps, enable_speed_metric,
+             env_query_idx, return_loss, sign_method, compute_grad):
+        _refuse_batched_world(zip(("weight", "activation_distance", "speed_dt", "mesh_idx", "mesh_pose_inverse",
+                                   "mesh_enable", "n_env_mesh", "max_dist", "sign_method"),
+                                  in_dims[4:12] + in_dims[16:17]))
+        spheres, env = _vmap_batch(info, ((query_spheres, in_dims[0]), (env_query_idx, in_dims[14])))
+        spheres = _fold(spheres)
+        env = None if env is None else env.reshape(-1)
+        b, h, n, _ = spheres.shape
+        cost, partials = _SweptSdfMeshWarpPy.apply(
+            spheres, torch.empty(b, h, n, dtype=torch.float32, device=spheres.device),
+            torch.empty(b, h, n, 4, dtype=torch.float32, device=spheres.device),
+            torch.empty(b, h, n, dtype=torch.uint8, device=spheres.device), weight, activation_distance, speed_dt,
+            mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps, enable_speed_metric, env,
+            return_loss, sign_method, compute_grad)
+        if partials.dim() == 2:
+            return (unfold_batch(cost, info.batch_size), partials), (0, None)
+        # (3, B*b, h, n, 3) -> (3, B, b, h, n, 3): the vmapped dimension is 1.
+        partials = partials.reshape(3, info.batch_size, b // info.batch_size, h, n, 3)
+        return (unfold_batch(cost, info.batch_size), partials), (0, 1)
+
+
+# _SweptSdfMeshWarpPy.apply without torch's Python wrapper where that is safe (robot_sdf._internals).
+_swept_apply = _internals.direct_apply(_SweptSdfMeshWarpPy)
+
+
+class SweptSdfMeshWarpPy(_SweptSdfMeshWarpPy):
     """Swept collision cost along trajectories (b, h steps, n spheres) (design.md section 4).
 
     cost_t depends on p[t-1], p[t] and p[t+1]. out_grad holds, per sphere, the gradient of the
     summed cost (what cuRobo-style MPCs read); backward applies the chain rule for any
-    grad_output from the per-step partials computed in forward (swept_chain_rule).
+    grad_output from the per-step partials computed in forward (swept_chain_rule), jvp the
+    forward-mode one (swept_jvp). ``apply`` returns out_cost; inside, forward also returns the
+    partials (3,b,h,n,3) as a non-differentiable output. torch.func's transforms work as for
+    SdfMeshWarpPy; double backward is refused with torch's once_differentiable error. A trailing
+    ``compute_grad`` (None: robot_sdf._internals.may_need_gradient) may force or skip the partials.
     """
 
-    @staticmethod
-    def forward(
-        ctx, query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,
-        mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps=1,
-        enable_speed_metric=False, env_query_idx=None, return_loss=False, sign_method=SignMethod.AUTO,
-    ):
-        compute_grad = bool(ctx.needs_input_grad[0])
-        partials = launch_swept_sphere_cost(
-            query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,
-            mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps,
-            enable_speed_metric, env_query_idx, compute_grad=compute_grad, sign_method=sign_method,
-        )
-        if partials is not None:
-            ctx.save_for_backward(partials.buffer)
-        return out_cost
+    @classmethod
+    def apply(cls, *args, **kwargs):
+        full = _internals.bind_arguments(cls, args, kwargs)
+        if full[17] is None:
+            full[17] = _internals.may_need_gradient(full[0])
+        return _swept_apply(*full)[0]
 
-    @staticmethod
-    def backward(ctx, grad_output):
-        grad_spheres = None
-        if ctx.needs_input_grad[0]:
-            (buffer,) = ctx.saved_tensors
-            own, to_prev, to_next = buffer.unbind(0)
-            grad = swept_chain_rule(own, to_prev, to_next, grad_output)
-            # The radius gets no gradient.
-            grad_spheres = torch.cat([grad, torch.zeros_like(grad[..., :1])], dim=-1)
-        return (grad_spheres,) + (None,) * 16
+

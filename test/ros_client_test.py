@@ -200,3 +200,57 @@ def test_client_on_a_given_node(setup):
         assert own.wait_for_services(5.0)
         s = _spheres(8)
         assert torch.equal(own.sphere_cost(s).cost, client.sphere_cost(s).cost)
+
+
+def test_autograd_functions_under_torch_func(setup):
+    """The remote Functions under torch.func (grad, vmap folded into one request, jacrev, jacfwd,
+    jvp), forward-mode AD and double backward (refused), against the ordinary backward."""
+    from torch.autograd import forward_ad
+    _, client, _ = setup
+    s = _spheres(2)
+    tangent = torch.randn(s.shape, generator=torch.Generator().manual_seed(5))
+    x = s.clone().requires_grad_()
+    remote_sphere_cost(client, x, ETA, 1.0).sum().backward()
+    grad = x.grad
+
+    def total(y):
+        return remote_sphere_cost(client, y, ETA, 1.0).sum()
+
+    torch.testing.assert_close(torch.func.grad(total)(s), grad)
+    jac = torch.func.jacrev(lambda y: remote_sphere_cost(client, y, ETA, 1.0))(s)
+    torch.testing.assert_close(jac.sum(dim=(0, 1, 2)), grad)
+    torch.testing.assert_close(torch.func.jacfwd(lambda y: remote_sphere_cost(client, y, ETA, 1.0))(s), jac)
+    _, jvp = torch.func.jvp(total, (s,), (tangent,))
+    torch.testing.assert_close(jvp, (grad * tangent).sum())
+    with forward_ad.dual_level():
+        dual = remote_sphere_cost(client, forward_ad.make_dual(s, tangent), ETA, 1.0)
+        torch.testing.assert_close(forward_ad.unpack_dual(dual).tangent.sum(), (grad * tangent).sum())
+
+    # vmap over three perturbed copies: one request for all of them
+    batch = torch.stack([s, s + 0.01, s - 0.01])
+    calls = []
+    original = client.sphere_cost
+    client.sphere_cost = lambda *a, **k: calls.append(a[0].shape) or original(*a, **k)
+    try:
+        costs = torch.func.vmap(lambda y: remote_sphere_cost(client, y, ETA, 1.0))(batch)
+    finally:
+        client.sphere_cost = original
+    assert calls == [torch.Size((3 * s.shape[0],) + tuple(s.shape[1:]))]
+    for i in range(3):
+        torch.testing.assert_close(costs[i], client.sphere_cost(batch[i], ETA, 1.0).cost)
+    vgrads = torch.func.vmap(torch.func.grad(total))(batch)
+    for i in range(3):
+        torch.testing.assert_close(vgrads[i, ..., :3], client.sphere_cost(batch[i], ETA, 1.0).gradient)
+
+    # swept: grad of the summed cost is exact
+    s2 = _spheres(5)
+    sw = torch.func.grad(lambda y: remote_swept_sphere_cost(client, y, sweep_steps=3).sum())(s2)
+    torch.testing.assert_close(sw[..., :3], client.swept_sphere_cost(s2, sweep_steps=3).gradient)
+
+    # double backward: refused with torch's once_differentiable error
+    for fn in (lambda y: remote_sphere_cost(client, y, ETA, 1.0),
+               lambda y: remote_swept_sphere_cost(client, y, sweep_steps=3)):
+        y = s2.clone().requires_grad_()
+        (g,) = torch.autograd.grad(fn(y).sum(), y, create_graph=True)
+        with pytest.raises(RuntimeError, match="once_differentiable"):
+            torch.autograd.grad(g.sum(), y)

@@ -31,6 +31,8 @@ import rclpy
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 
+from robot_sdf import _internals
+from robot_sdf.warp_primitives import refuse_second_order
 from robot_sdf.ros.conversions import float32_array, uint32_array
 from robot_sdf_interfaces.srv import EvaluateSphereCost, EvaluateSweptSphereCost, QuerySignedDistance
 
@@ -323,53 +325,155 @@ def _pad_grad(grad_output: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor
     return torch.cat([g, torch.zeros_like(g[..., :1])], dim=-1)
 
 
-class RemoteSphereCost(torch.autograd.Function):
-    """``RemoteSphereCost.apply(spheres, client, activation_distance, weight, env_index)`` ->
-    cost (b,h,n); backward: grad_output[..., None] * server gradient, radius gradient 0."""
+def _tangent(tangent: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
+    """Forward-mode tangent (b,h,n): the server gradient (b,h,n,3) dotted with the spheres' tangent
+    (b,h,n,4) (the radius does not count)."""
+    return (gradient.to(tangent.dtype) * tangent[..., :3]).sum(-1)
+
+
+def _fold_env(info, env_index, env_dim, batch: int):
+    """env_index for spheres folded from (B, b, ...) to (B*b, ...): None, a batched (B, b) tensor,
+    or a shared (b,) one repeated."""
+    if env_index is None:
+        return None
+    env = torch.as_tensor(env_index)
+    if env_dim is None:
+        return env.reshape(1, -1).expand(info.batch_size, batch).reshape(-1)
+    return env.movedim(env_dim, 0).reshape(-1)
+
+
+def _fold_spheres(info, spheres, dim):
+    s = spheres.movedim(dim, 0) if dim is not None else spheres.unsqueeze(0).expand(info.batch_size, *spheres.shape)
+    return s.reshape(s.shape[0] * s.shape[1], *s.shape[2:]), s.shape[1]
+
+
+class _RemoteFunction(torch.autograd.Function):
+    """What the remote Functions share: forward returns (cost, server gradient (b,h,n,3), not
+    differentiable) so that torch.func sees the gradient at every level; the public classes'
+    ``apply`` returns the cost. compute_gradient None: ask the server for it where a derivative
+    may be wanted (robot_sdf._internals.may_need_gradient)."""
 
     @staticmethod
-    def forward(ctx, spheres, client: SdfClient, activation_distance: float = 0.0,
-                weight: float = 0.0, env_index=None):
-        want_grad = bool(ctx.needs_input_grad[0])
-        res = client.sphere_cost(spheres, activation_distance, weight, env_index, compute_gradient=want_grad)
-        ctx.save_for_backward(res.gradient if want_grad else None)
-        return res.cost.to(spheres.dtype)
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(output[1], inputs[0])
+        ctx.save_for_forward(output[1])
 
     @staticmethod
-    def backward(ctx, grad_output):
-        (gradient,) = ctx.saved_tensors
-        return _pad_grad(grad_output, gradient), None, None, None, None
+    def _gradient(ctx):
+        gradient = ctx.saved_tensors[0]
+        if gradient.dim() == 1:
+            raise RuntimeError("robot_sdf remote cost: derivatives asked for a call made with compute_gradient=False")
+        return gradient
+
+    @staticmethod
+    def jvp(ctx, tangent, *_):
+        return _tangent(tangent, _RemoteFunction._gradient(ctx)), None
+
+    @staticmethod
+    def _result(res, spheres):
+        gradient = res.gradient if res.gradient is not None else res.cost.new_empty(0)
+        return res.cost.to(spheres.dtype), gradient
+
+    @classmethod
+    def _vmap(cls, info, spheres_dim, spheres, env_dim, env_position: int, args: tuple):
+        """Fold the vmapped dimension into b and make one request."""
+        folded, b = _fold_spheres(info, spheres, spheres_dim)
+        args = list(args)
+        args[env_position] = _fold_env(info, args[env_position], env_dim, b)
+        cost, gradient = cls.apply(folded, *args)
+        cost = cost.reshape(info.batch_size, b, *cost.shape[1:])
+        if gradient.dim() == 1:
+            return (cost, gradient), (0, None)
+        return (cost, gradient.reshape(info.batch_size, b, *gradient.shape[1:])), (0, 0)
 
 
-class RemoteSweptSphereCost(torch.autograd.Function):
+class _RemoteSphereCost(_RemoteFunction):
+    """``RemoteSphereCost.apply(spheres, client, activation_distance, weight, env_index,
+    compute_gradient=None)`` -> cost (b,h,n); backward: grad_output[..., None] * server gradient,
+    radius gradient 0; jvp: server gradient . tangent. torch.func transforms work (vmap folds the
+    vmapped dimension into b: one request); double backward is refused with torch's once_differentiable
+    error (the service returns no second derivatives)."""
+
+    @staticmethod
+    def forward(spheres, client: SdfClient, activation_distance: float = 0.0, weight: float = 0.0, env_index=None,
+                compute_gradient=None):
+        res = client.sphere_cost(spheres, activation_distance, weight, env_index,
+                                 compute_gradient=bool(compute_gradient))
+        return _RemoteFunction._result(res, spheres)
+
+    @staticmethod
+    def backward(ctx, grad_output, *_):
+        grad = refuse_second_order(_pad_grad(grad_output, _RemoteFunction._gradient(ctx)), ctx.saved_tensors[1])
+        return grad, None, None, None, None, None
+
+    @staticmethod
+    def vmap(info, in_dims, spheres, client, activation_distance, weight, env_index, compute_gradient):
+        return _RemoteSphereCost._vmap(info, in_dims[0], spheres, in_dims[4], 3,
+                                      (client, activation_distance, weight, env_index, compute_gradient))
+
+
+class _RemoteSweptSphereCost(_RemoteFunction):
     """``RemoteSweptSphereCost.apply(spheres, client, sweep_steps, speed_dt, enable_speed_metric,
-    activation_distance, weight, env_index)`` -> cost (b,h,n), differentiable w.r.t. spheres.
+    activation_distance, weight, env_index, compute_gradient=None)`` -> cost (b,h,n),
+    differentiable w.r.t. spheres.
 
     A swept step's cost depends on its neighbouring steps too, and the service returns only the
     gradient of the summed cost per sphere; backward returns grad_output[..., None] * that
     gradient, which is exact when grad_output is the same for every step of a trajectory (e.g.
-    ``cost.sum()``) and an approximation otherwise (use the in-process
-    ``world.swept_sphere_cost`` for exact per-step weights)."""
+    ``cost.sum()``) and an approximation otherwise; likewise jvp's tangent summed over a
+    trajectory's steps is exact, its split over the steps an approximation (use the in-process
+    ``world.swept_sphere_cost`` for exact per-step derivatives). torch.func transforms work as
+    for RemoteSphereCost; double backward is refused (torch's once_differentiable error)."""
 
     @staticmethod
-    def forward(ctx, spheres, client: SdfClient, sweep_steps: int = 4, speed_dt: float = 0.1,
+    def forward(spheres, client: SdfClient, sweep_steps: int = 4, speed_dt: float = 0.1,
                 enable_speed_metric: bool = False, activation_distance: float = 0.0,
-                weight: float = 0.0, env_index=None):
-        want_grad = bool(ctx.needs_input_grad[0])
-        res = client.swept_sphere_cost(spheres, sweep_steps, speed_dt, enable_speed_metric,
-                                       activation_distance, weight, env_index, compute_gradient=want_grad)
-        ctx.save_for_backward(res.gradient if want_grad else None)
-        return res.cost.to(spheres.dtype)
+                weight: float = 0.0, env_index=None, compute_gradient=None):
+        res = client.swept_sphere_cost(spheres, sweep_steps, speed_dt, enable_speed_metric, activation_distance,
+                                       weight, env_index, compute_gradient=bool(compute_gradient))
+        return _RemoteFunction._result(res, spheres)
 
     @staticmethod
-    def backward(ctx, grad_output):
-        (gradient,) = ctx.saved_tensors
-        return (_pad_grad(grad_output, gradient),) + (None,) * 7
+    def backward(ctx, grad_output, *_):
+        grad = refuse_second_order(_pad_grad(grad_output, _RemoteFunction._gradient(ctx)), ctx.saved_tensors[1])
+        return (grad,) + (None,) * 8
+
+    @staticmethod
+    def vmap(info, in_dims, spheres, client, sweep_steps, speed_dt, enable_speed_metric, activation_distance,
+             weight, env_index, compute_gradient):
+        return _RemoteSweptSphereCost._vmap(
+            info, in_dims[0], spheres, in_dims[7], 6,
+            (client, sweep_steps, speed_dt, enable_speed_metric, activation_distance, weight, env_index,
+             compute_gradient))
+
+
+def _public_apply(function):
+    """``apply`` of a public remote Function: all arguments bound, the cost of the 2-output one."""
+
+    def apply(cls, *args, **kwargs):
+        full = _internals.bind_arguments(function, args, kwargs)
+        if full[-1] is None:
+            full[-1] = _internals.may_need_gradient(full[0])
+        return function.apply(*full)[0]
+
+    return classmethod(apply)
+
+
+class RemoteSphereCost(_RemoteSphereCost):
+    __doc__ = _RemoteSphereCost.__doc__
+    apply = _public_apply(_RemoteSphereCost)
+
+
+class RemoteSweptSphereCost(_RemoteSweptSphereCost):
+    __doc__ = _RemoteSweptSphereCost.__doc__
+    apply = _public_apply(_RemoteSweptSphereCost)
 
 
 def remote_sphere_cost(client: SdfClient, spheres: torch.Tensor, activation_distance: float = 0.0,
                        weight: float = 0.0, env_index=None) -> torch.Tensor:
-    """Differentiable remote sphere cost (b,h,n) of spheres (b,h,n,4)."""
+    """Differentiable remote sphere cost (b,h,n) of spheres (b,h,n,4) (torch.func and forward-mode
+    AD too); the server computes the gradient only where a derivative may be asked for."""
     return RemoteSphereCost.apply(spheres, client, activation_distance, weight, env_index)
 
 

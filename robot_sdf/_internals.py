@@ -1,0 +1,113 @@
+"""The one place where robot_sdf reaches into private internals of torch, for per-call overhead.
+
+Each shortcut is used only on the library versions it was checked against (SUPPORTED_*) and has
+a public equivalent that test/autograd_contract_test.py compares it with; on other versions the
+public path is taken. (Warp's recorded-launch shortcut, warp_primitives._CpuCall, has the same
+gate: WARP_SHORTCUTS.)
+
+- direct_apply: torch.autograd.Function.apply is a Python wrapper around the C entry point
+  (torch._C._FunctionBase.apply): it binds default arguments with inspect.signature for
+  Functions with a setup_context (about 30 us per call here, as much again as a whole
+  evaluation of a few spheres), and, unless a torch.func transform is active, unwraps dead
+  torch.func wrappers before calling the entry point. For all arguments given positionally, the
+  shortcut does the same with two C calls; under an active transform it goes through the public
+  apply. Used by SdfMeshWarpPy, SweptSdfMeshWarpPy and signed_distance (world.sphere_cost outside
+  torch.func uses a forward-with-ctx Function, which the public apply enters without binding).
+- transforms_active: torch._C._are_functorch_transforms_active (what Function.apply itself
+  asks), so that forward computes a gradient under torch.func even though the tensors it sees
+  do not require grad; without it, whenever grad mode is on.
+- plain_tensors: torch._C._DisableFuncTorch, so that module-level caches of constant tensors made
+  inside a torch.func transform hold plain tensors. Without it (other torch versions) a cache
+  entry first made under a transform would be a wrapper that escapes it.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+
+import torch
+from torch.autograd import forward_ad
+import warp as wp
+
+SUPPORTED_TORCH = ("2.13",)
+SUPPORTED_WARP = ("1.19",)
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+TORCH_SHORTCUTS = _minor(torch.__version__) in SUPPORTED_TORCH
+WARP_SHORTCUTS = _minor(wp.config.version) in SUPPORTED_WARP
+
+
+def public_apply(function):
+    return function.apply
+
+
+def direct_apply(function):
+    """A callable equal to ``function.apply`` (positional arguments, none defaulted; only the first
+    may be a torch.func wrapper of a dead transform), through
+    torch's C entry point when this torch is one the shortcut was checked on."""
+    if not TORCH_SHORTCUTS:
+        return function.apply
+    try:
+        entry = super(torch.autograd.Function, function).apply
+        active = torch._C._are_functorch_transforms_active
+        unwrap = torch._C._functorch.unwrap_if_dead
+    except AttributeError:  # pragma: no cover - layout differs despite the version
+        return function.apply
+    public = function.apply
+
+    def apply(spheres, *args):
+        if active():
+            return public(spheres, *args)
+        return entry(unwrap(spheres), *args)
+
+    return apply
+
+
+def plain_tensors():
+    """Context in which new tensors are plain even under a torch.func transform (module-level
+    caches of constant tensors outlive the transform that first asked for them; a tensor made
+    inside one would be a wrapper of that transform's level)."""
+    disable = getattr(torch._C, "_DisableFuncTorch", None) if TORCH_SHORTCUTS else None
+    return disable() if disable is not None else contextlib.nullcontext()
+
+
+def _transforms_active_fallback() -> bool:
+    return torch.is_grad_enabled()
+
+
+# transforms_active() -> bool: whether a torch.func transform (grad, vmap, jvp, ...) is active:
+# then a Function's forward cannot see that a gradient will be asked for, so callers compute it.
+# Where the check is not available: whenever grad mode is on (correct, if slower).
+transforms_active = getattr(torch._C, "_are_functorch_transforms_active", None) if TORCH_SHORTCUTS else None
+if transforms_active is None:  # pragma: no cover - other torch versions
+    transforms_active = _transforms_active_fallback
+
+
+def may_need_gradient(t: torch.Tensor) -> bool:
+    """Whether a derivative w.r.t. ``t`` may be asked for: it requires grad (ordinary autograd), a
+    torch.func transform is active, or it carries a forward-mode tangent (forward_ad)."""
+    return t.requires_grad or transforms_active() or forward_ad.unpack_dual(t).tangent is not None
+
+
+def bind_arguments(function, args: tuple, kwargs: dict) -> list:
+    """All arguments of ``function.forward`` as a positional list, defaults filled in (positional
+    calls, the usual case, without inspect's binding: a few microseconds per call)."""
+    if not kwargs:
+        shape = _signatures.get(function)
+        if shape is None:
+            params = list(inspect.signature(function.forward).parameters.values())
+            defaults = [p.default for p in params if p.default is not inspect.Parameter.empty]
+            shape = _signatures[function] = (len(params) - len(defaults), defaults)
+        required, defaults = shape
+        if required <= len(args) <= required + len(defaults):
+            return [*args, *defaults[len(args) - required:]]
+    bound = inspect.signature(function.forward).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return list(bound.args)
+
+
+_signatures: dict = {}
