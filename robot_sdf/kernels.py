@@ -79,6 +79,19 @@ def winding_number(mesh: wp.uint64, p: wp.vec3, accuracy: float) -> float:
     ...
 
 
+@wp.func_native("""
+const wp::Mesh& m = *(const wp::Mesh*)(mesh);
+const int root = *m.bvh.root;
+const wp::BVHPackedNodeHalf lo = m.bvh.node_lowers[root];
+const wp::BVHPackedNodeHalf hi = m.bvh.node_uppers[root];
+return wp::distance_to_aabb_sq(p, wp::vec3(lo.x, lo.y, lo.z), wp::vec3(hi.x, hi.y, hi.z));""")
+def mesh_box_distance_sq(mesh: wp.uint64, p: wp.vec3) -> float:
+    """Squared distance of mesh-frame p to the box of the mesh's BVH root (0 inside): Warp keeps
+    that box enclosing every triangle across builds and refits, so it bounds any mesh, built
+    anywhere, without cached host-side data that could outlive the mesh id."""
+    ...
+
+
 @wp.func
 def winding_inside(mesh: wp.uint64, p: wp.vec3) -> bool:
     """Warp's winding-number sign (inside above WINDING_THRESHOLD at WINDING_ACCURACY), from the
@@ -290,7 +303,9 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
                     return found, sd, grad
             elif p[0] < lo[0] or p[1] < lo[1] or p[2] < lo[2] or p[0] > hi[0] or p[1] > hi[1] or p[2] > hi[2]:
                 return found, sd, grad
-        elif bounding_radius > 0.0 and centre_dist > bounding_radius:
+        elif (bounding_radius > 0.0 and centre_dist > bounding_radius) or mesh_box_distance_sq(mesh, p) > 0.0:
+            # A mesh without robot_sdf's sign data (built by a caller, e.g. cuRobo's world
+            # tensors, whose bounding radius is often 0): its BVH's root box bounds it instead.
             return found, sd, grad
         deep = True
     if winding:
