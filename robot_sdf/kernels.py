@@ -236,6 +236,72 @@ def query_closest(mesh: wp.uint64, p: wp.vec3, bound: float, sign_method: int):
 
 
 @wp.func
+def mesh_sign_method(mesh: wp.uint64, sign_method: int):
+    """(offset of robot_sdf's sign data or -1, the sign method that applies to this mesh)."""
+    m = wp.mesh_get(mesh)
+    data = sign_data_offset(mesh)
+    method = sign_method
+    if method == SIGN_AUTO or method < 0:
+        method = SIGN_NORMAL
+        if data >= 0:
+            method = int(m.velocities[data + 2][2])
+    if method == SIGN_WINDING_NUMBER and data >= 0:
+        if m.velocities[data + 2][1] == 0.0:
+            # Built without winding-number support (the host refuses such calls; never read it).
+            method = SIGN_NORMAL
+    return data, method
+
+
+@wp.func
+def closest_feature(mesh: wp.uint64, p: wp.vec3, face: int, inside: float, data: int, pseudo: bool):
+    """Exact closest point of p on the mesh given the triangle Warp's float32 search found:
+    (p - closest point, its length, inside < 0 (recomputed from the pseudo-normal when
+    ``pseudo``), outward direction for a point on the surface)."""
+    m = wp.mesh_get(mesh)
+    delta, dist, feature, face_n = refine_closest(mesh, p, face)
+    outward = face_n
+    if pseudo:
+        outward = feature_normal(mesh, face, feature, face_n)
+        inside = wp.where(wp.dot(delta, outward) < 0.0, -1.0, 1.0)
+    if data >= 0 and (dist < SLIVER_REACH or inside < 0.0):
+        if m.velocities[data + 3][2] != 0.0:
+            # Slivers: Warp's float32 search may have picked a triangle farther than the closest
+            # one; every triangle nearer than the one found overlaps this box. Outside and
+            # farther than SLIVER_REACH the box would hold too many triangles for a free-space
+            # query (and a wrong pick moves the direction less); inside points pay anyway.
+            reach = wp.vec3(dist + 1.0e-6, dist + 1.0e-6, dist + 1.0e-6)
+            query = wp.mesh_query_aabb(mesh, p - reach, p + reach)
+            other = int(0)
+            improved = bool(False)
+            while wp.mesh_query_aabb_next(query, other):
+                if other != face:
+                    d2, l2, f2, n2 = refine_closest(mesh, p, other)
+                    if l2 < dist:
+                        delta = d2
+                        dist = l2
+                        feature = f2
+                        face_n = n2
+                        face = other
+                        improved = True
+            if improved:
+                outward = face_n
+                if pseudo:
+                    outward = feature_normal(mesh, face, feature, face_n)
+                    inside = wp.where(wp.dot(delta, outward) < 0.0, -1.0, 1.0)
+    return delta, dist, inside, outward
+
+
+@wp.func
+def signed_result(delta: wp.vec3, dist: float, inside: float, outward: wp.vec3):
+    """(sd, d sd / d p) of a closest point: sd < 0 inside; on the surface the outward direction."""
+    sign = wp.where(inside < 0.0, -1.0, 1.0)
+    grad = outward
+    if dist > DEGENERATE_LENGTH:
+        grad = delta * (sign / dist)
+    return sign * dist, grad
+
+
+@wp.func
 def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_radius: float, sign_method: int):
     """Signed distance of mesh-frame point p to one mesh, searched up to ``bound`` outside.
 
@@ -256,19 +322,10 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     if bounding_radius > 0.0 and centre_dist > bounding_radius + bound:
         return found, sd, grad
     m = wp.mesh_get(mesh)
-    data = sign_data_offset(mesh)
-    method = sign_method
-    if method == SIGN_AUTO or method < 0:
-        method = SIGN_NORMAL
-        if data >= 0:
-            method = int(m.velocities[data + 2][2])
-    if method == SIGN_WINDING_NUMBER and data >= 0:
-        if m.velocities[data + 2][1] == 0.0:
-            # Built without winding-number support (the host refuses such calls; never read it).
-            method = SIGN_NORMAL
+    data, method = mesh_sign_method(mesh, sign_method)
     pseudo = method == SIGN_NORMAL and data >= 0
     # The winding-number method of robot_sdf's sign data (the mesh supports winding numbers:
-    # checked above).
+    # checked by mesh_sign_method).
     winding = method == SIGN_WINDING_NUMBER and data >= 0
 
     inside = float(1.0)
@@ -339,45 +396,11 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
         if not hit:
             return found, sd, grad
 
-    delta, dist, feature, face_n = refine_closest(mesh, p, face)
-    outward = face_n
-    if pseudo:
-        outward = feature_normal(mesh, face, feature, face_n)
-        inside = wp.where(wp.dot(delta, outward) < 0.0, -1.0, 1.0)
-    if data >= 0 and (dist < SLIVER_REACH or inside < 0.0):
-        if m.velocities[data + 3][2] != 0.0:
-            # Slivers: Warp's float32 search may have picked a triangle farther than the closest
-            # one; every triangle nearer than the one found overlaps this box. Outside and
-            # farther than SLIVER_REACH the box would hold too many triangles for a free-space
-            # query (and a wrong pick moves the direction less); inside points pay anyway.
-            reach = wp.vec3(dist + 1.0e-6, dist + 1.0e-6, dist + 1.0e-6)
-            query = wp.mesh_query_aabb(mesh, p - reach, p + reach)
-            other = int(0)
-            improved = bool(False)
-            while wp.mesh_query_aabb_next(query, other):
-                if other != face:
-                    d2, l2, f2, n2 = refine_closest(mesh, p, other)
-                    if l2 < dist:
-                        delta = d2
-                        dist = l2
-                        feature = f2
-                        face_n = n2
-                        face = other
-                        improved = True
-            if improved:
-                outward = face_n
-                if pseudo:
-                    outward = feature_normal(mesh, face, feature, face_n)
-                    inside = wp.where(wp.dot(delta, outward) < 0.0, -1.0, 1.0)
+    delta, dist, inside, outward = closest_feature(mesh, p, face, inside, data, pseudo)
     if deep and inside >= 0.0:
         return found, sd, grad
-    sign = wp.where(inside < 0.0, -1.0, 1.0)
     found = 1
-    sd = sign * dist
-    if dist > DEGENERATE_LENGTH:
-        grad = delta * (sign / dist)
-    else:
-        grad = outward
+    sd, grad = signed_result(delta, dist, inside, outward)
     return found, sd, grad
 
 
