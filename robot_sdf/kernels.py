@@ -574,6 +574,278 @@ def swept_sample_weight(k: int, sweep_steps: int, n_sides: int) -> float:
     return w
 
 
+# Samples of one side searched in one BVH traversal (mesh_closest_batch): at most this many.
+SWEPT_BATCH = wp.constant(8)
+vec16 = wp.types.vector(length=16, dtype=wp.float32)
+
+
+@wp.func_native("""
+const wp::Mesh m = wp::mesh_get(mesh);
+const int count_pts = n < 8 ? n : 8;
+wp::vec3 pts[8];
+float best[8];
+int best_face[8];
+const float bound_sq = bound * bound;
+wp::vec3 lo = a + d * s0;
+wp::vec3 hi = lo;
+for (int j = 0; j < count_pts; ++j) {
+    pts[j] = a + d * (s0 + ds * (float)j);
+    best[j] = bound_sq;
+    best_face[j] = -1;
+    lo = wp::min(lo, pts[j]);
+    hi = wp::max(hi, pts[j]);
+}
+float worst = bound_sq;
+int stack[BVH_QUERY_STACK_SIZE];
+stack[0] = *m.bvh.root;
+int count = 1;
+while (count) {
+    const int node = stack[--count];
+    const wp::BVHPackedNodeHalf nl = m.bvh.node_lowers[node];
+    const wp::BVHPackedNodeHalf nu = m.bvh.node_uppers[node];
+    const wp::vec3 node_lo(nl.x, nl.y, nl.z);
+    const wp::vec3 node_hi(nu.x, nu.y, nu.z);
+    const wp::vec3 gap = wp::max(wp::max(node_lo - hi, lo - node_hi), wp::vec3(0.0f));
+    if (wp::length_sq(gap) >= worst)
+        continue;
+    if (nl.b) {
+        bool near[8];
+        for (int j = 0; j < count_pts; ++j)
+            near[j] = wp::distance_to_aabb_sq(pts[j], node_lo, node_hi) < best[j];
+        for (int prim = (int)nl.i; prim < (int)nu.i; ++prim) {
+            const int tri = m.bvh.primitive_indices[prim];
+            const wp::vec3 p = m.points[m.indices[tri * 3 + 0]];
+            const wp::vec3 q = m.points[m.indices[tri * 3 + 1]];
+            const wp::vec3 r = m.points[m.indices[tri * 3 + 2]];
+            const wp::vec3 e0 = q - p;
+            const wp::vec3 e1 = r - p;
+            const wp::vec3 e2 = r - q;
+            // Warp's own closest-point queries skip these slivers: the same candidates here.
+            if (wp::length(wp::cross(e0, e1)) / (wp::dot(e0, e0) + wp::dot(e1, e1) + wp::dot(e2, e2)) < 1.e-6f)
+                continue;
+            for (int j = 0; j < count_pts; ++j) {
+                if (!near[j])
+                    continue;
+                const wp::vec2 bary = wp::closest_point_to_triangle(p, q, r, pts[j]);
+                const wp::vec3 c = bary[0] * p + bary[1] * q + (1.0f - bary[0] - bary[1]) * r;
+                const float dist_sq = wp::length_sq(c - pts[j]);
+                if (dist_sq < best[j]) {
+                    best[j] = dist_sq;
+                    best_face[j] = tri;
+                }
+            }
+        }
+        worst = 0.0f;
+        for (int j = 0; j < count_pts; ++j)
+            worst = wp::max(worst, best[j]);
+    } else {
+        const int children[2] = {(int)nl.i, (int)nu.i};
+        float child_gap[2];
+        for (int c = 0; c < 2; ++c) {
+            const wp::BVHPackedNodeHalf cl = m.bvh.node_lowers[children[c]];
+            const wp::BVHPackedNodeHalf cu = m.bvh.node_uppers[children[c]];
+            const wp::vec3 g = wp::max(wp::max(wp::vec3(cl.x, cl.y, cl.z) - hi, lo - wp::vec3(cu.x, cu.y, cu.z)),
+                                       wp::vec3(0.0f));
+            child_gap[c] = wp::length_sq(g);
+        }
+        // The nearer child last, so that it is searched first.
+        const int first = child_gap[0] < child_gap[1] ? 1 : 0;
+        if (child_gap[first] < worst)
+            stack[count++] = children[first];
+        if (child_gap[1 - first] < worst)
+            stack[count++] = children[1 - first];
+    }
+}
+wp::vec_t<16, float> out;
+for (int j = 0; j < 8; ++j) {
+    union { int i; float f; } bits;
+    bits.i = j < count_pts ? best_face[j] : -1;
+    out[j] = j < count_pts ? best[j] : bound_sq;
+    out[8 + j] = bits.f;
+}
+return out;""")
+def mesh_closest_batch(mesh: wp.uint64, a: wp.vec3, d: wp.vec3, s0: float, ds: float, n: int, bound: float) -> vec16:
+    """Closest triangles of the points a + d (s0 + j ds), j < n <= SWEPT_BATCH, within ``bound``, in
+    one traversal of the mesh's BVH (the points lie on one short segment, so their searches visit
+    nearly the same nodes): entries j = squared distance (bound^2 when none), 8 + j = the
+    triangle's index as float bits (-1 when none; face_of reads it). Same candidates as Warp's
+    mesh_query_point_no_sign (slivers skipped alike)."""
+    ...
+
+
+@wp.func_native("""union { float f; int i; } bits; bits.f = x; return bits.i;""")
+def face_of(x: float) -> int:
+    """The int whose bits mesh_closest_batch stored in a float entry."""
+    ...
+
+
+@wp.func
+def penetration_cost(sd: float, radius: float, eta: float):
+    """cost_i of design.md section 4 for signed distance sd and d cost_i / d (-sd)."""
+    d = radius + eta - sd
+    cost = float(0.0)
+    dcost = float(0.0)
+    if d > 0.0:
+        dcost = 1.0
+        if d <= eta:
+            cost = d * d / (2.0 * eta)
+            dcost = d / eta
+        else:
+            cost = d - 0.5 * eta
+    return cost, dcost
+
+
+@wp.func
+def side_bit(k: int) -> int:
+    """Bit of sample k in a side's evaluation mask (samples beyond 30 share the last bit)."""
+    return 1 << wp.min(k, 30)
+
+
+@wp.func
+def swept_slot_cost(
+    mesh: wp.uint64,
+    cull_radius: float,
+    sign_method: int,
+    p: wp.vec3,
+    seg_prev: wp.vec3,
+    seg_next: wp.vec3,
+    has_prev: int,
+    has_next: int,
+    radius: float,
+    eta: float,
+    max_dist: float,
+    bound0: float,
+    sweep_steps: int,
+    n_sides: int,
+):
+    """One mesh's share of a step's swept cost, in the mesh frame (p, segments to the neighbours).
+
+    Returns (c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next): the cost at p and its
+    gradient, sum_k w_k (c_k - c0) over the samples of both sides, the samples' gradient partials
+    w (1 - s) g towards p and w s g towards each neighbour, and the samples searched per side.
+
+    Skipping is per mesh: a sample is skipped for this mesh when it lies strictly within this
+    mesh's clearance of p (its share of the cost is provably 0; sd of one mesh is 1-Lipschitz).
+    With robot_sdf's pseudo-normal sign the remaining samples of a side are searched together
+    (mesh_closest_batch, bound r + eta: their cost needs nothing farther); a sample with no
+    surface within r + eta is outside when the last point of the side evaluated is outside and
+    too far from the surface for a crossing in between (|sd| + r + eta > their distance; closed
+    meshes only), else it gets the full test (deep centres are costed). Other sign methods search
+    sample after sample, each bound as far as its clearance could still free a later sample.
+    """
+    c0 = float(0.0)
+    g0 = wp.vec3(0.0, 0.0, 0.0)
+    delta = float(0.0)
+    own = wp.vec3(0.0, 0.0, 0.0)
+    to_prev = wp.vec3(0.0, 0.0, 0.0)
+    to_next = wp.vec3(0.0, 0.0, 0.0)
+    mask_prev = int(0)
+    mask_next = int(0)
+    reach_b = radius + eta
+    found, sd, grad_sd = mesh_signed_distance(mesh, p, bound0 + radius + eta, cull_radius, sign_method)
+    clearance = bound0
+    chain_abs = bound0 + reach_b
+    chain_inside = bool(False)
+    if found != 0:
+        dc = float(0.0)
+        c0, dc = penetration_cost(sd, radius, eta)
+        g0 = grad_sd * (-dc)
+        clearance = sd - reach_b
+        chain_abs = wp.abs(sd)
+        chain_inside = sd < 0.0
+    if n_sides == 0:
+        return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
+    data, method = mesh_sign_method(mesh, sign_method)
+    pseudo = method == SIGN_NORMAL and data >= 0
+    closed = bool(False)
+    if pseudo:
+        closed = wp.mesh_get(mesh).velocities[data + 3][1] != 0.0
+    inv_2k = 1.0 / (2.0 * float(sweep_steps))
+    for side in range(2):
+        if (side == 0 and has_prev == 0) or (side == 1 and has_next == 0):
+            continue
+        segment = seg_prev
+        if side == 1:
+            segment = seg_next
+        seg_len = wp.length(segment)
+        free_reach = wp.max(clearance, 0.0)
+        last_s = float(0.0)
+        last_abs = chain_abs
+        last_inside = chain_inside
+        to_neighbour = wp.vec3(0.0, 0.0, 0.0)
+        mask = int(0)
+        batch = vec16()
+        batch_start = int(0)
+        batch_end = int(0)
+        for k in range(1, sweep_steps + 1):
+            sk = float(k) * inv_2k
+            wk = swept_sample_weight(k, sweep_steps, n_sides)
+            if sk * seg_len < free_reach:
+                delta -= wk * c0
+                continue
+            mask = mask | side_bit(k)
+            ck = float(0.0)
+            gk = wp.vec3(0.0, 0.0, 0.0)
+            if seg_len == 0.0:
+                # Every sample sits on p: its cost is c0, bit for bit (a stationary step).
+                ck = c0
+                gk = g0
+            else:
+                q = p + segment * sk
+                search = wp.min(max_dist, (0.5 - sk) * seg_len * REACH_MARGIN + REACH_SLACK) + reach_b
+                full = bool(True)
+                found_k = int(0)
+                sd_k = float(0.0)
+                grad_k = wp.vec3(0.0, 0.0, 0.0)
+                if pseudo:
+                    search = reach_b
+                    if k >= batch_end:
+                        batch_start = k
+                        batch_end = wp.min(sweep_steps + 1, k + SWEPT_BATCH)
+                        batch = mesh_closest_batch(mesh, p, segment, sk, inv_2k, batch_end - k, reach_b)
+                    face = face_of(batch[8 + k - batch_start])
+                    if face >= 0:
+                        d_vec, dist, inside, outward = closest_feature(mesh, q, face, 1.0, data, True)
+                        sd_k, grad_k = signed_result(d_vec, dist, inside, outward)
+                        found_k = 1
+                        full = False
+                    elif closed and not last_inside and last_abs + reach_b > (sk - last_s) * seg_len:
+                        full = False
+                if full:
+                    found_k, sd_k, grad_k = mesh_signed_distance(mesh, q, search, cull_radius, sign_method)
+                clearance_k = search - reach_b
+                last_abs = search
+                last_inside = False
+                if found_k != 0:
+                    dck = float(0.0)
+                    ck, dck = penetration_cost(sd_k, radius, eta)
+                    gk = grad_k * (-dck)
+                    clearance_k = sd_k - reach_b
+                    last_abs = wp.abs(sd_k)
+                    last_inside = sd_k < 0.0
+                last_s = sk
+                free_reach = wp.max(free_reach, sk * seg_len + clearance_k)
+            delta += wk * (ck - c0)
+            own += gk * (wk * (1.0 - sk))
+            to_neighbour += gk * (wk * sk)
+        if side == 0:
+            to_prev = to_neighbour
+            mask_prev = mask
+        else:
+            to_next = to_neighbour
+            mask_next = mask
+    return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
+
+
+@wp.func
+def mask_count(mask: int) -> int:
+    count = int(0)
+    for bit in range(31):
+        if ((mask >> bit) & 1) != 0:
+            count += 1
+    return count
+
+
 @wp.kernel
 def swept_sphere_cost_kernel(
     spheres: wp.array(dtype=wp.vec4),
@@ -610,15 +882,17 @@ def swept_sphere_cost_kernel(
     mid(t, t+1)], sampled at p[t] and at s_k = k / (2K) of each existing side's segment
     (K = sweep_steps), with the fixed weights of swept_sample_weight. A side exists when the
     neighbour step exists and its sphere is on (radius >= 0). A sample is skipped (cost 0) only
-    when it lies strictly within the clearance of a point already evaluated on the same side:
-    the signed distance is 1-Lipschitz, so its penetration is <= 0 there.
+    when its cost is provably 0, mesh by mesh (swept_slot_cost): the signed distance to a mesh is
+    1-Lipschitz, so a sample within a mesh's clearance of an evaluated point of the same side
+    is not penetrated by that mesh.
 
     Outputs per sphere (world frame, all scaled by weight; written only when compute_grad):
     out_own = d cost_t / d p[t], out_to_prev = d cost_t / d p[t-1], out_to_next =
     d cost_t / d p[t+1]; a sample at fraction s with weight w and cost gradient g adds
     w (1 - s) g to p[t] and w s g to the neighbour. With the speed metric applied to a step,
     its whole (CHOMP) gradient goes to out_own and both neighbour partials are 0.
-    out_evaluations (when count_evaluations): sphere_world_cost calls made for the sphere.
+    out_evaluations (when count_evaluations): points of the sphere's slot searched for at least
+    one mesh (p[t] and the samples not skipped for every mesh).
     """
     tid = wp.tid() + start
     if tid >= total:
@@ -659,53 +933,47 @@ def swept_sphere_cost_kernel(
             bound0 = wp.min(max_dist, reach0 * REACH_MARGIN + REACH_SLACK)
         c0 = float(0.0)
         g0 = wp.vec3(0.0, 0.0, 0.0)
-        clearance0 = float(0.0)
-        c0, g0, clearance0 = sphere_world_cost(
-            p, radius, eta, bound0, env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign
-        )
-        evaluations = int(1)
+        delta = float(0.0)
+        mask_prev = int(0)
+        mask_next = int(0)
+        prev = wp.vec3(0.0, 0.0, 0.0)
+        nxt = wp.vec3(0.0, 0.0, 0.0)
+        if has_prev == 1:
+            sp = spheres[tid - spheres_per_step]
+            prev = wp.vec3(sp[0], sp[1], sp[2])
+        if has_next == 1:
+            sq = spheres[tid + spheres_per_step]
+            nxt = wp.vec3(sq[0], sq[1], sq[2])
+        # Mesh after mesh (the slot loop of sphere_world_cost), each mesh with all the samples
+        # of the step: a sample is skipped per mesh, and the samples of a side share traversals.
+        for slot in range(wp.min(n_env_mesh[env], mesh_idx.shape[1])):
+            if mesh_enable[env, slot] == wp.uint8(0) or mesh_idx[env, slot] == wp.int64(0):
+                continue
+            t, q = slot_pose(pose_inv, env, slot)
+            c_i, g_i, delta_i, own_i, prev_i, next_i, m_prev, m_next = swept_slot_cost(
+                wp.uint64(mesh_idx[env, slot]), pose_inv[env, slot, 7],
+                slot_sign_method(sign_method, slot_sign, env, slot), wp.quat_rotate(q, p) + t,
+                wp.quat_rotate(q, prev - p), wp.quat_rotate(q, nxt - p), has_prev, has_next, radius, eta, max_dist,
+                bound0, sweep_steps, n_sides,
+            )
+            c0 += c_i
+            g0 += wp.quat_rotate_inv(q, g_i)
+            delta += delta_i
+            own += wp.quat_rotate_inv(q, own_i)
+            to_prev += wp.quat_rotate_inv(q, prev_i)
+            to_next += wp.quat_rotate_inv(q, next_i)
+            mask_prev = mask_prev | m_prev
+            mask_next = mask_next | m_next
+        evaluations = 1 + mask_count(mask_prev) + mask_count(mask_next)
         cost = c0
-        own = g0
         if n_sides > 0:
-            inv_2k = 1.0 / (2.0 * float(sweep_steps))
-            own = g0 * inv_2k
-            # cost = c0 + sum_i w_i (c_i - c0): equal to sum_i w_i c_i (weights sum to 1), and
-            # exactly c0 when every sample sits on p[t] (a stationary trajectory).
-            delta = float(0.0)
-            for side in range(2):
-                if (side == 0 and has_prev == 0) or (side == 1 and has_next == 0):
-                    continue
-                sn = spheres[tid + (2 * side - 1) * spheres_per_step]
-                segment = wp.vec3(sn[0], sn[1], sn[2]) - p
-                seg_len = wp.length(segment)
-                # Farthest fraction-times-length proven free so far: an evaluated point at
-                # s_e with clearance c_e frees every later sample with s L < s_e L + c_e.
-                free_reach = clearance0
-                to_neighbour = wp.vec3(0.0, 0.0, 0.0)
-                for k in range(1, sweep_steps + 1):
-                    sk = float(k) * inv_2k
-                    wk = swept_sample_weight(k, sweep_steps, n_sides)
-                    if sk * seg_len < free_reach:
-                        delta -= wk * c0
-                        continue
-                    q = p + segment * sk
-                    ck = float(0.0)
-                    gk = wp.vec3(0.0, 0.0, 0.0)
-                    clearance_k = float(0.0)
-                    ck, gk, clearance_k = sphere_world_cost(
-                        q, radius, eta, wp.min(max_dist, (0.5 - sk) * seg_len * REACH_MARGIN + REACH_SLACK), env, mesh_idx, pose_inv, mesh_enable,
-                        n_env_mesh, sign_method, slot_sign
-                    )
-                    evaluations += 1
-                    free_reach = wp.max(free_reach, sk * seg_len + clearance_k)
-                    delta += wk * (ck - c0)
-                    own += gk * (wk * (1.0 - sk))
-                    to_neighbour += gk * (wk * sk)
-                if side == 0:
-                    to_prev = to_neighbour
-                else:
-                    to_next = to_neighbour
+            # own holds the samples' partials; p[t] itself weighs 1 / (2K). cost = c0 + sum_k
+            # w_k (c_k - c0): equal to sum_k w_k c_k (weights sum to 1), and exactly c0 when
+            # every sample sits on p[t] (a stationary trajectory).
+            own += g0 * (1.0 / (2.0 * float(sweep_steps)))
             cost = wp.max(c0 + delta, 0.0)
+        else:
+            own = g0
         w = weight[0]
         cost = cost * w
         own = own * w
