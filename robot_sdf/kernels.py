@@ -574,31 +574,41 @@ def swept_sample_weight(k: int, sweep_steps: int, n_sides: int) -> float:
     return w
 
 
-# Samples of one side searched in one BVH traversal (mesh_closest_batch): at most this many.
-SWEPT_BATCH = wp.constant(8)
+# Points searched in one BVH traversal by mesh_closest_points: the centre and at most this many
+# samples (15 = 2 x 7: both sides of sweep_steps up to 7 at once).
+SWEPT_BATCH = wp.constant(15)
+SWEPT_SIDE_BATCH = wp.constant(7)
 vec16 = wp.types.vector(length=16, dtype=wp.float32)
 
 
 @wp.func_native("""
 const wp::Mesh m = wp::mesh_get(mesh);
-const int count_pts = n < 8 ? n : 8;
-wp::vec3 pts[8];
-float best[8];
-int best_face[8];
-const float bound_sq = bound * bound;
-wp::vec3 lo = a + d * s0;
-wp::vec3 hi = lo;
-for (int j = 0; j < count_pts; ++j) {
-    pts[j] = a + d * (s0 + ds * (float)j);
-    best[j] = bound_sq;
-    best_face[j] = -1;
-    lo = wp::min(lo, pts[j]);
-    hi = wp::max(hi, pts[j]);
+const int n1c = n1 < 15 ? (n1 > 0 ? n1 : 0) : 15;
+const int n2c = n2 < 15 - n1c ? (n2 > 0 ? n2 : 0) : 15 - n1c;
+const int count_pts = 1 + n1c + n2c;
+wp::vec3 pts[16];
+float best[16];
+int best_face[16];
+pts[0] = a;
+best[0] = bound_a > 0.0f ? bound_a * bound_a : 0.0f;
+for (int j = 1; j < count_pts; ++j) {
+    pts[j] = j <= n1c ? a + d1 * (s1 + ds * (float)(j - 1)) : a + d2 * (s2 + ds * (float)(j - 1 - n1c));
+    best[j] = bound * bound;
 }
-float worst = bound_sq;
+wp::vec3 lo = pts[0];
+wp::vec3 hi = pts[0];
+float worst = 0.0f;
+for (int j = 0; j < count_pts; ++j) {
+    best_face[j] = -1;
+    if (best[j] > 0.0f) {
+        lo = wp::min(lo, pts[j]);
+        hi = wp::max(hi, pts[j]);
+    }
+    worst = wp::max(worst, best[j]);
+}
 int stack[BVH_QUERY_STACK_SIZE];
 stack[0] = *m.bvh.root;
-int count = 1;
+int count = worst > 0.0f ? 1 : 0;
 while (count) {
     const int node = stack[--count];
     const wp::BVHPackedNodeHalf nl = m.bvh.node_lowers[node];
@@ -609,7 +619,7 @@ while (count) {
     if (wp::length_sq(gap) >= worst)
         continue;
     if (nl.b) {
-        bool near[8];
+        bool near[16];
         for (int j = 0; j < count_pts; ++j)
             near[j] = wp::distance_to_aabb_sq(pts[j], node_lo, node_hi) < best[j];
         for (int prim = (int)nl.i; prim < (int)nu.i; ++prim) {
@@ -623,8 +633,11 @@ while (count) {
             // Warp's own closest-point queries skip these slivers: the same candidates here.
             if (wp::length(wp::cross(e0, e1)) / (wp::dot(e0, e0) + wp::dot(e1, e1) + wp::dot(e2, e2)) < 1.e-6f)
                 continue;
+            // The triangle's box first: most triangles of a leaf are farther than a point's best.
+            const wp::vec3 tri_lo = wp::min(wp::min(p, q), r);
+            const wp::vec3 tri_hi = wp::max(wp::max(p, q), r);
             for (int j = 0; j < count_pts; ++j) {
-                if (!near[j])
+                if (!near[j] || wp::distance_to_aabb_sq(pts[j], tri_lo, tri_hi) >= best[j])
                     continue;
                 const wp::vec2 bary = wp::closest_point_to_triangle(p, q, r, pts[j]);
                 const wp::vec3 c = bary[0] * p + bary[1] * q + (1.0f - bary[0] - bary[1]) * r;
@@ -657,25 +670,27 @@ while (count) {
     }
 }
 wp::vec_t<16, float> out;
-for (int j = 0; j < 8; ++j) {
+for (int j = 0; j < 16; ++j) {
     union { int i; float f; } bits;
     bits.i = j < count_pts ? best_face[j] : -1;
-    out[j] = j < count_pts ? best[j] : bound_sq;
-    out[8 + j] = bits.f;
+    out[j] = bits.f;
 }
 return out;""")
-def mesh_closest_batch(mesh: wp.uint64, a: wp.vec3, d: wp.vec3, s0: float, ds: float, n: int, bound: float) -> vec16:
-    """Closest triangles of the points a + d (s0 + j ds), j < n <= SWEPT_BATCH, within ``bound``, in
-    one traversal of the mesh's BVH (the points lie on one short segment, so their searches visit
-    nearly the same nodes): entries j = squared distance (bound^2 when none), 8 + j = the
-    triangle's index as float bits (-1 when none; face_of reads it). Same candidates as Warp's
-    mesh_query_point_no_sign (slivers skipped alike)."""
+def mesh_closest_points(mesh: wp.uint64, a: wp.vec3, bound_a: float, d1: wp.vec3, s1: float, n1: int, d2: wp.vec3,
+                        s2: float, n2: int, ds: float, bound: float) -> vec16:
+    """Closest triangles of up to 16 points in one traversal of the mesh's BVH: entry 0 for ``a``
+    within ``bound_a`` (not searched when bound_a <= 0), entries 1..n1 for a + d1 (s1 + i ds) and
+    the next n2 for a + d2 (s2 + i ds) (i = 0, 1, ...; n1 + n2 <= SWEPT_BATCH), within ``bound``.
+    The points lie on two short segments from ``a``, so their searches visit nearly the same
+    nodes; a triangle is tested against a point only where its box is nearer than the point's
+    best. Entries hold the triangle's index as float bits (face_of reads them), -1 for none.
+    Candidates are those of Warp's mesh_query_point_no_sign (slivers skipped alike)."""
     ...
 
 
 @wp.func_native("""union { float f; int i; } bits; bits.f = x; return bits.i;""")
 def face_of(x: float) -> int:
-    """The int whose bits mesh_closest_batch stored in a float entry."""
+    """The int whose bits mesh_closest_points stored in a float entry."""
     ...
 
 
@@ -722,15 +737,17 @@ def swept_slot_cost(
 
     Returns (c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next): the cost at p and its
     gradient, sum_k w_k (c_k - c0) over the samples of both sides, the samples' gradient partials
-    w (1 - s) g towards p and w s g towards each neighbour, and the samples searched per side.
+    w (1 - s) g towards p and w s g towards each neighbour, and per side the samples whose cost
+    took a closest point or a full test.
 
     Skipping is per mesh: a sample is skipped for this mesh when it lies strictly within this
-    mesh's clearance of p (its share of the cost is provably 0; sd of one mesh is 1-Lipschitz).
-    With robot_sdf's pseudo-normal sign the remaining samples of a side are searched together
-    (mesh_closest_batch, bound r + eta: their cost needs nothing farther); a sample with no
-    surface within r + eta is outside when the last point of the side evaluated is outside and
-    too far from the surface for a crossing in between (|sd| + r + eta > their distance; closed
-    meshes only), else it gets the full test (deep centres are costed). Other sign methods search
+    mesh's clearance of an evaluated point of its side (its share of the cost is provably 0; the
+    distance to one mesh is 1-Lipschitz). With robot_sdf's pseudo-normal sign, p and the samples
+    of both sides are searched in one BVH traversal (mesh_closest_points; p within its bound,
+    the samples within r + eta: their cost needs nothing farther). A sample with no surface
+    within r + eta is outside when the last point of its side evaluated is outside and too far
+    from the surface for a crossing in between (|sd| + r + eta > their distance; closed meshes
+    only); otherwise the full test decides (deep centres are costed). Other sign methods search
     sample after sample, each bound as far as its clearance could still free a later sample.
     """
     c0 = float(0.0)
@@ -742,9 +759,37 @@ def swept_slot_cost(
     mask_prev = int(0)
     mask_next = int(0)
     reach_b = radius + eta
-    found, sd, grad_sd = mesh_signed_distance(mesh, p, bound0 + radius + eta, cull_radius, sign_method)
+    bound_p = bound0 + radius + eta
+    data, method = mesh_sign_method(mesh, sign_method)
+    # A stationary step keeps the plain query of p, so that it reproduces the plain cost bit for bit.
+    batched = method == SIGN_NORMAL and data >= 0 and n_sides > 0 and (
+        (has_prev == 1 and wp.length_sq(seg_prev) > 0.0) or (has_next == 1 and wp.length_sq(seg_next) > 0.0))
+    closed = bool(False)
+    inv_2k = float(0.0)
+    n_first = int(0)
+    batch = vec16()
+    found = int(0)
+    sd = float(0.0)
+    grad_sd = wp.vec3(0.0, 0.0, 0.0)
+    if batched:
+        closed = wp.mesh_get(mesh).velocities[data + 3][1] != 0.0
+        inv_2k = 1.0 / (2.0 * float(sweep_steps))
+        n_first = wp.min(sweep_steps, SWEPT_SIDE_BATCH)
+        batch = mesh_closest_points(mesh, p, bound_p, seg_prev, inv_2k, has_prev * n_first, seg_next, inv_2k,
+                                    has_next * n_first, inv_2k, reach_b)
+        face = face_of(batch[0])
+        if face >= 0:
+            d_vec, dist, inside, outward = closest_feature(mesh, p, face, 1.0, data, True)
+            sd, grad_sd = signed_result(d_vec, dist, inside, outward)
+            found = 1
+        else:
+            # Nothing within bound_p: the inside test alone (a zero bound ends Warp's search at
+            # once).
+            found, sd, grad_sd = mesh_signed_distance(mesh, p, 0.0, cull_radius, sign_method)
+    else:
+        found, sd, grad_sd = mesh_signed_distance(mesh, p, bound_p, cull_radius, sign_method)
     clearance = bound0
-    chain_abs = bound0 + reach_b
+    chain_abs = bound_p
     chain_inside = bool(False)
     if found != 0:
         dc = float(0.0)
@@ -755,18 +800,15 @@ def swept_slot_cost(
         chain_inside = sd < 0.0
     if n_sides == 0:
         return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
-    data, method = mesh_sign_method(mesh, sign_method)
-    pseudo = method == SIGN_NORMAL and data >= 0
-    closed = bool(False)
-    if pseudo:
-        closed = wp.mesh_get(mesh).velocities[data + 3][1] != 0.0
     inv_2k = 1.0 / (2.0 * float(sweep_steps))
     for side in range(2):
         if (side == 0 and has_prev == 0) or (side == 1 and has_next == 0):
             continue
         segment = seg_prev
+        first_entry = 1
         if side == 1:
             segment = seg_next
+            first_entry = 1 + has_prev * n_first
         seg_len = wp.length(segment)
         free_reach = wp.max(clearance, 0.0)
         last_s = float(0.0)
@@ -774,7 +816,7 @@ def swept_slot_cost(
         last_inside = chain_inside
         to_neighbour = wp.vec3(0.0, 0.0, 0.0)
         mask = int(0)
-        batch = vec16()
+        side_batch = vec16()
         batch_start = int(0)
         batch_end = int(0)
         for k in range(1, sweep_steps + 1):
@@ -783,27 +825,35 @@ def swept_slot_cost(
             if sk * seg_len < free_reach:
                 delta -= wk * c0
                 continue
-            mask = mask | side_bit(k)
             ck = float(0.0)
             gk = wp.vec3(0.0, 0.0, 0.0)
             if seg_len == 0.0:
-                # Every sample sits on p: its cost is c0, bit for bit (a stationary step).
+                # Every sample sits on p: its cost is c0, bit for bit.
                 ck = c0
                 gk = g0
+                mask = mask | side_bit(k)
             else:
                 q = p + segment * sk
                 search = wp.min(max_dist, (0.5 - sk) * seg_len * REACH_MARGIN + REACH_SLACK) + reach_b
+                known = search
                 full = bool(True)
                 found_k = int(0)
                 sd_k = float(0.0)
                 grad_k = wp.vec3(0.0, 0.0, 0.0)
-                if pseudo:
-                    search = reach_b
-                    if k >= batch_end:
-                        batch_start = k
-                        batch_end = wp.min(sweep_steps + 1, k + SWEPT_BATCH)
-                        batch = mesh_closest_batch(mesh, p, segment, sk, inv_2k, batch_end - k, reach_b)
-                    face = face_of(batch[8 + k - batch_start])
+                if batched:
+                    # Searched within r + eta already: a full test only asks whether it is inside.
+                    search = 0.0
+                    known = reach_b
+                    face = int(-1)
+                    if k <= n_first:
+                        face = face_of(batch[first_entry + k - 1])
+                    else:
+                        if k >= batch_end:
+                            batch_start = k
+                            batch_end = wp.min(sweep_steps + 1, k + SWEPT_BATCH)
+                            side_batch = mesh_closest_points(mesh, p, 0.0, segment, sk, batch_end - k, segment, 0.0,
+                                                             0, inv_2k, reach_b)
+                        face = face_of(side_batch[1 + k - batch_start])
                     if face >= 0:
                         d_vec, dist, inside, outward = closest_feature(mesh, q, face, 1.0, data, True)
                         sd_k, grad_k = signed_result(d_vec, dist, inside, outward)
@@ -813,8 +863,10 @@ def swept_slot_cost(
                         full = False
                 if full:
                     found_k, sd_k, grad_k = mesh_signed_distance(mesh, q, search, cull_radius, sign_method)
-                clearance_k = search - reach_b
-                last_abs = search
+                if full or found_k != 0:
+                    mask = mask | side_bit(k)
+                clearance_k = known - reach_b
+                last_abs = known
                 last_inside = False
                 if found_k != 0:
                     dck = float(0.0)
