@@ -574,27 +574,30 @@ def swept_sample_weight(k: int, sweep_steps: int, n_sides: int) -> float:
     return w
 
 
-# Samples searched in one BVH traversal by mesh_closest_points: both sides of sweep_steps up to 8
-# at once; beyond that, 16 at a time per side.
-SWEPT_BATCH = wp.constant(16)
-SWEPT_SIDE_BATCH = wp.constant(8)
+# Samples searched with the centre in one BVH traversal by mesh_closest_points: both sides of
+# sweep_steps up to 7 at once; beyond that, 15 at a time per side.
+SWEPT_BATCH = wp.constant(15)
+SWEPT_SIDE_BATCH = wp.constant(7)
 vec16 = wp.types.vector(length=16, dtype=wp.float32)
 
 
 @wp.func_native("""
 const wp::Mesh m = wp::mesh_get(mesh);
-const int n1c = n1 < 16 ? (n1 > 0 ? n1 : 0) : 16;
-const int n2c = n2 < 16 - n1c ? (n2 > 0 ? n2 : 0) : 16 - n1c;
-const int count_pts = n1c + n2c;
+const int n1c = n1 < 15 ? (n1 > 0 ? n1 : 0) : 15;
+const int n2c = n2 < 15 - n1c ? (n2 > 0 ? n2 : 0) : 15 - n1c;
+const int count_pts = 1 + n1c + n2c;
 wp::vec3 pts[16];
 float best[16];
 int best_face[16];
+pts[0] = a;
+best[0] = bound_a > 0.0f ? bound_a * bound_a : 0.0f;
+best_face[0] = -1;
 wp::vec3 lo = a;
 wp::vec3 hi = a;
-float worst = 0.0f;
-for (int j = 0; j < count_pts; ++j) {
-    const float s = j < n1c ? s1 + ds * (float)j : s2 + ds * (float)(j - n1c);
-    const wp::vec3 offset = (j < n1c ? d1 : d2) * s;
+float worst = best[0];
+for (int j = 1; j < count_pts; ++j) {
+    const float s = j <= n1c ? s1 + ds * (float)(j - 1) : s2 + ds * (float)(j - 1 - n1c);
+    const wp::vec3 offset = (j <= n1c ? d1 : d2) * s;
     pts[j] = a + offset;
     // 1-Lipschitz: the closest surface point of a is within base of a.
     float b = reach;
@@ -610,7 +613,7 @@ for (int j = 0; j < count_pts; ++j) {
 }
 int stack[BVH_QUERY_STACK_SIZE];
 stack[0] = *m.bvh.root;
-int count = count_pts > 0 && worst > 0.0f ? 1 : 0;
+int count = worst > 0.0f ? 1 : 0;
 while (count) {
     const int node = stack[--count];
     const wp::BVHPackedNodeHalf nl = m.bvh.node_lowers[node];
@@ -678,10 +681,11 @@ for (int j = 0; j < 16; ++j) {
     out[j] = bits.f;
 }
 return out;""")
-def mesh_closest_points(mesh: wp.uint64, a: wp.vec3, d1: wp.vec3, s1: float, n1: int, d2: wp.vec3, s2: float, n2: int,
-                        ds: float, reach: float, base: float, base_inside: bool) -> vec16:
-    """Closest triangles of up to 16 points in one traversal of the mesh's BVH: entries 0..n1-1
-    for a + d1 (s1 + i ds), the next n2 for a + d2 (s2 + i ds), i = 0, 1, ... Each point is
+def mesh_closest_points(mesh: wp.uint64, a: wp.vec3, bound_a: float, d1: wp.vec3, s1: float, n1: int, d2: wp.vec3,
+                        s2: float, n2: int, ds: float, reach: float, base: float, base_inside: bool) -> vec16:
+    """Closest triangles of up to 16 points in one traversal of the mesh's BVH: entry 0 for a
+    within ``bound_a`` (not searched when bound_a <= 0), entries 1..n1 for a + d1 (s1 + i ds),
+    the next n2 for a + d2 (s2 + i ds), i = 0, 1, ... (n1 + n2 <= SWEPT_BATCH). Each of those is
     searched within ``reach``, or, where a's unsigned distance ``base`` (>= 0) is known, within
     base + its distance to a (1-Lipschitz; always when a is inside: a deep point is found without
     a ray), whichever is smaller. The points lie on two short segments from a, so their searches
@@ -772,7 +776,27 @@ def swept_slot_cost(
     inv_2k = float(0.0)
     n_first = int(0)
     batch = vec16()
-    found, sd, grad_sd = mesh_signed_distance(mesh, p, bound_p, cull_radius, sign_method)
+    found = int(0)
+    sd = float(0.0)
+    grad_sd = wp.vec3(0.0, 0.0, 0.0)
+    if batched:
+        # p (within its bound) and the samples of both sides (within r + eta: their cost needs
+        # nothing farther) in one traversal.
+        closed = wp.mesh_get(mesh).velocities[data + 3][1] != 0.0
+        inv_2k = 1.0 / (2.0 * float(sweep_steps))
+        n_first = wp.min(sweep_steps, SWEPT_SIDE_BATCH)
+        batch = mesh_closest_points(mesh, p, bound_p, seg_prev, inv_2k, has_prev * n_first, seg_next, inv_2k,
+                                    has_next * n_first, inv_2k, reach_b, -1.0, False)
+        face = face_of(batch[0])
+        if face >= 0:
+            d_vec, dist, inside, outward = closest_feature(mesh, p, face, 1.0, data, True)
+            sd, grad_sd = signed_result(d_vec, dist, inside, outward)
+            found = 1
+        else:
+            # Nothing within bound_p: only the inside test (a zero bound ends Warp's search at once).
+            found, sd, grad_sd = mesh_signed_distance(mesh, p, 0.0, cull_radius, sign_method)
+    else:
+        found, sd, grad_sd = mesh_signed_distance(mesh, p, bound_p, cull_radius, sign_method)
     clearance = bound0
     chain_abs = bound_p
     chain_inside = bool(False)
@@ -783,19 +807,6 @@ def swept_slot_cost(
         clearance = sd - reach_b
         chain_abs = wp.abs(sd)
         chain_inside = sd < 0.0
-    have_batch = bool(False)
-    if batched:
-        closed = wp.mesh_get(mesh).velocities[data + 3][1] != 0.0
-        inv_2k = 1.0 / (2.0 * float(sweep_steps))
-        n_first = wp.min(sweep_steps, SWEPT_SIDE_BATCH)
-        longest = wp.max(float(has_prev) * wp.length(seg_prev), float(has_next) * wp.length(seg_next))
-        if float(n_first) * inv_2k * longest >= wp.max(clearance, 0.0):
-            # Some sample is not freed by p's clearance: search them all at once, each within
-            # r + eta or the Lipschitz bound from p.
-            batch = mesh_closest_points(mesh, p, seg_prev, inv_2k, has_prev * n_first, seg_next, inv_2k,
-                                        has_next * n_first, inv_2k, reach_b, wp.where(found != 0, chain_abs, -1.0),
-                                        chain_inside)
-            have_batch = True
     if n_sides == 0:
         return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
     inv_2k = 1.0 / (2.0 * float(sweep_steps))
@@ -843,17 +854,21 @@ def swept_slot_cost(
                     search = 0.0
                     known = reach_b
                     face = int(-1)
-                    if k <= n_first:
-                        if have_batch:
-                            face = face_of(batch[first_entry + k - 1])
-                    else:
-                        if k >= batch_end:
-                            batch_start = k
-                            batch_end = wp.min(sweep_steps + 1, k + SWEPT_BATCH)
-                            side_batch = mesh_closest_points(mesh, p, segment, sk, batch_end - k, segment, 0.0, 0,
-                                                             inv_2k, reach_b, wp.where(found != 0, chain_abs, -1.0),
-                                                             chain_inside)
-                        face = face_of(side_batch[k - batch_start])
+                    covered = k >= batch_start and k < batch_end
+                    if covered:
+                        face = face_of(side_batch[1 + k - batch_start])
+                    elif k <= n_first:
+                        face = face_of(batch[first_entry + k])
+                    if face < 0 and not covered and (k > n_first or (chain_inside and last_inside)):
+                        # The samples from here on, in one more traversal: beyond the first batch,
+                        # or p is inside deeper than r + eta (each sample is then searched within
+                        # the Lipschitz bound from p: found for sure, no ray).
+                        batch_start = k
+                        batch_end = wp.min(sweep_steps + 1, k + SWEPT_BATCH)
+                        side_batch = mesh_closest_points(mesh, p, 0.0, segment, sk, batch_end - k, segment, 0.0, 0,
+                                                         inv_2k, reach_b, wp.where(found != 0, chain_abs, -1.0),
+                                                         chain_inside)
+                        face = face_of(side_batch[1])
                     if face >= 0:
                         d_vec, dist, inside, outward = closest_feature(mesh, q, face, 1.0, data, True)
                         sd_k, grad_k = signed_result(d_vec, dist, inside, outward)
