@@ -14,7 +14,9 @@ Everything runs in this process on ``device`` ("cpu" or "cuda[:N]"). Tables:
    space, and the contact-heavy standard trajectories), with the number of cost evaluations per
    sphere, side by side with the rule used before issue 8 (bench/legacy_swept.py), 7. free-space
    spheres around a world-frame perception scan (open height field, auto -> winding_number)
-   against the floor.
+   against the floor, 8. meshes built outside robot_sdf (issue 14): cuRobo-built wp.Mesh tensors
+   with the bounding radius pad 0 against the same tensors with it filled and against MeshWorld,
+   plain and swept fwd+bwd on one thread, 1k and 100k spheres, robot-like scene (~130k triangles).
 """
 from __future__ import annotations
 
@@ -494,8 +496,9 @@ def swept_table(b: Bench) -> None:
          f"{scenes.ACTIVATION} m, max_dist {scenes.MAX_DIST} m; plain = SdfMeshWarpPy fwd+bwd, swept K = "
          "SweptSdfMeshWarpPy fwd+bwd with sweep_steps K (time-average, exact partials), before issue 8 K = the old "
          "rule's kernel (bench/legacy_swept.py; cost and gradient in one launch). 'near' = spheres whose plain "
-         "cost is > 0 (centre within r + activation of a surface). Evaluations = sphere_world_cost calls per "
-         f"sphere (at most 2 K + 1). Threads: {_threads_for(b.traj[0] * b.traj[1] * b.traj[2]) if b.device == 'cpu' else 'GPU'}.")
+         "cost is > 0 (centre within r + activation of a surface). Evaluations = points of a sphere's slot "
+         "whose cost took a search (p[t] and the samples not skipped for every mesh; at most 2 K + 1; since "
+         f"issue 14 a mesh's samples share one traversal). Threads: {_threads_for(b.traj[0] * b.traj[1] * b.traj[2]) if b.device == 'cpu' else 'GPU'}.")
     rows = []
     for name, traj in sets.items():
         runner = CostRunner(world, traj)
