@@ -768,6 +768,12 @@ def swept_slot_cost(
     mask_next = int(0)
     reach_b = radius + eta
     bound_p = bound0 + radius + eta
+    if cull_radius > 0.0:
+        # Beyond the cull sphere by more than any search of the slot reaches: nothing to find,
+        # and no point of the slot can be inside (the mesh itself is not touched).
+        half_len = wp.max(float(has_prev) * wp.length(seg_prev), float(has_next) * wp.length(seg_next)) * 0.5
+        if wp.length(p) > cull_radius + bound_p + half_len:
+            return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
     data, method = mesh_sign_method(mesh, sign_method)
     # A stationary step keeps the plain query of p, so that it reproduces the plain cost bit for bit.
     batched = method == SIGN_NORMAL and data >= 0 and n_sides > 0 and (
