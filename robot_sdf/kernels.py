@@ -8,6 +8,8 @@ Layout (flattened from the torch tensors of design.md section 3):
     mesh_idx     (E, M) int64 Warp mesh ids
     pose_inv     (E, M, 8)    world->mesh x, y, z, qw, qx, qy, qz, cull radius (0 = unknown): no
                               surface and no inside point farther than it from the mesh origin
+                              (unknown for meshes built elsewhere: the box of their BVH root
+                              bounds them, mesh_box_distance_sq)
     sign_method, slot_sign    a SignMethod for every slot, AUTO (each mesh's own, from its sign
                               data), or PER_SLOT: read slot_sign (E, M) uint8
     mesh_enable  (E, M) uint8
