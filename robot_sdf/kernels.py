@@ -626,9 +626,9 @@ while (count) {
     if (wp::length_sq(gap) >= worst)
         continue;
     if (nl.b) {
-        bool near[16];
+        bool in_reach[16];
         for (int j = 0; j < count_pts; ++j)
-            near[j] = wp::distance_to_aabb_sq(pts[j], node_lo, node_hi) < best[j];
+            in_reach[j] = wp::distance_to_aabb_sq(pts[j], node_lo, node_hi) < best[j];
         for (int prim = (int)nl.i; prim < (int)nu.i; ++prim) {
             const int tri = m.bvh.primitive_indices[prim];
             const wp::vec3 p = m.points[m.indices[tri * 3 + 0]];
@@ -644,7 +644,7 @@ while (count) {
             const wp::vec3 tri_lo = wp::min(wp::min(p, q), r);
             const wp::vec3 tri_hi = wp::max(wp::max(p, q), r);
             for (int j = 0; j < count_pts; ++j) {
-                if (!near[j] || wp::distance_to_aabb_sq(pts[j], tri_lo, tri_hi) >= best[j])
+                if (!in_reach[j] || wp::distance_to_aabb_sq(pts[j], tri_lo, tri_hi) >= best[j])
                     continue;
                 const wp::vec2 bary = wp::closest_point_to_triangle(p, q, r, pts[j]);
                 const wp::vec3 c = bary[0] * p + bary[1] * q + (1.0f - bary[0] - bary[1]) * r;
