@@ -1039,7 +1039,8 @@ def swept_sphere_cost_kernel(
             to_next += wp.quat_rotate_inv(q, next_i)
             mask_prev = mask_prev | m_prev
             mask_next = mask_next | m_next
-        evaluations = 1 + mask_count(mask_prev) + mask_count(mask_next)
+        if count_evaluations != 0:
+            evaluations = 1 + mask_count(mask_prev) + mask_count(mask_next)
         cost = c0
         if n_sides > 0:
             # own holds the samples' partials; p[t] itself weighs 1 / (2K). cost = c0 + sum_k
