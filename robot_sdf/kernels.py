@@ -640,11 +640,8 @@ while (count) {
             // Warp's own closest-point queries skip these slivers: the same candidates here.
             if (wp::length(wp::cross(e0, e1)) / (wp::dot(e0, e0) + wp::dot(e1, e1) + wp::dot(e2, e2)) < 1.e-6f)
                 continue;
-            // The triangle's box first: most triangles of a leaf are farther than a point's best.
-            const wp::vec3 tri_lo = wp::min(wp::min(p, q), r);
-            const wp::vec3 tri_hi = wp::max(wp::max(p, q), r);
             for (int j = 0; j < count_pts; ++j) {
-                if (!in_reach[j] || wp::distance_to_aabb_sq(pts[j], tri_lo, tri_hi) >= best[j])
+                if (!in_reach[j])
                     continue;
                 const wp::vec2 bary = wp::closest_point_to_triangle(p, q, r, pts[j]);
                 const wp::vec3 c = bary[0] * p + bary[1] * q + (1.0f - bary[0] - bary[1]) * r;
@@ -691,9 +688,9 @@ def mesh_closest_points(mesh: wp.uint64, a: wp.vec3, bound_a: float, d1: wp.vec3
     searched within ``reach``, or, where a's unsigned distance ``base`` (>= 0) is known, within
     base + its distance to a (1-Lipschitz; always when a is inside: a deep point is found without
     a ray), whichever is smaller. The points lie on two short segments from a, so their searches
-    visit nearly the same nodes; a triangle is tested against a point only where its box is
-    nearer than the point's best. Entries hold the triangle's index as float bits (face_of
-    reads them), -1 for none. Candidates are those of Warp's mesh_query_point_no_sign (slivers
+    visit nearly the same nodes; a leaf's triangles are tested against a point only where the
+    leaf's box is nearer than the point's best (a per-triangle box test cost more than it saved).
+    Entries hold the triangle's index as float bits (face_of reads them), -1 for none. Candidates are those of Warp's mesh_query_point_no_sign (slivers
     skipped alike)."""
     ...
 
