@@ -14,13 +14,16 @@ Everything runs in this process on ``device`` ("cpu" or "cuda[:N]"). Tables:
    space, and the contact-heavy standard trajectories), with the number of cost evaluations per
    sphere, side by side with the rule used before issue 8 (bench/legacy_swept.py), 7. free-space
    spheres around a world-frame perception scan (open height field, auto -> winding_number)
-   against the floor.
+   against the floor, 8. meshes built outside robot_sdf (issue 14): cuRobo-built wp.Mesh tensors
+   with the bounding radius pad 0 against the same tensors with it filled and against MeshWorld,
+   plain and swept fwd+bwd on one thread, 1k and 100k spheres, robot-like scene (~130k triangles).
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import time
+from types import SimpleNamespace
 from typing import Callable, Iterator
 
 import numpy as np
@@ -150,6 +153,35 @@ class CostRunner:
                                      self.max_dist, sweep_steps, False, None, False, s.sign_method)
         c.sum().backward()
         return self.spheres_grad.grad
+
+
+class TensorWorld:
+    """World tensors built outside MeshWorld, as a cuRobo user holds them, in CostRunner's shape:
+    ``wp.Mesh(points, indices, support_winding_number=True)`` per mesh (vertices in the mesh
+    frame), mesh_pose_inverse[..., 7] = ``pad`` (cuRobo never writes it: 0) or each mesh's
+    bounding radius about its origin (``pad=None``), sign method auto (normal for such meshes)."""
+
+    def __init__(self, meshes: list[scenes.SceneMesh], device: str, pad: float | None = 0.0):
+        from robot_sdf.geometry import pose_inverse
+
+        self.device = torch.device(device)
+        wdev = warp_device(self.device)
+        self.meshes = [wp.Mesh(points=wp.array(m.vertices, dtype=wp.vec3, device=wdev),
+                               indices=wp.array(m.triangles.reshape(-1), dtype=wp.int32, device=wdev),
+                               support_winding_number=True) for m in meshes]
+        pose_inv = np.zeros((1, len(meshes), 8), np.float32)
+        for i, m in enumerate(meshes):
+            pose_inv[0, i, :7] = pose_inverse(m.pose)
+            pose_inv[0, i, 7] = float(np.linalg.norm(m.vertices, axis=1).max()) if pad is None else pad
+        self.snap = SimpleNamespace(
+            mesh_idx=torch.tensor([[int(np.uint64(x.id).astype(np.int64)) for x in self.meshes]], device=self.device),
+            mesh_pose_inverse=torch.from_numpy(pose_inv).to(self.device),
+            mesh_enable=torch.ones((1, len(meshes)), dtype=torch.uint8, device=self.device),
+            n_env_mesh=torch.tensor([len(meshes)], dtype=torch.int32, device=self.device),
+            sign_method=SignMethod.AUTO)
+
+    def snapshot(self) -> SimpleNamespace:
+        return self.snap
 
 
 class LegacySweptRunner:
@@ -467,8 +499,9 @@ def swept_table(b: Bench) -> None:
          f"{scenes.ACTIVATION} m, max_dist {scenes.MAX_DIST} m; plain = SdfMeshWarpPy fwd+bwd, swept K = "
          "SweptSdfMeshWarpPy fwd+bwd with sweep_steps K (time-average, exact partials), before issue 8 K = the old "
          "rule's kernel (bench/legacy_swept.py; cost and gradient in one launch). 'near' = spheres whose plain "
-         "cost is > 0 (centre within r + activation of a surface). Evaluations = sphere_world_cost calls per "
-         f"sphere (at most 2 K + 1). Threads: {_threads_for(b.traj[0] * b.traj[1] * b.traj[2]) if b.device == 'cpu' else 'GPU'}.")
+         "cost is > 0 (centre within r + activation of a surface). Evaluations = points of a sphere's slot "
+         "whose cost took a search (p[t] and the samples not skipped for every mesh; at most 2 K + 1; since "
+         f"issue 14 a mesh's samples share one traversal). Threads: {_threads_for(b.traj[0] * b.traj[1] * b.traj[2]) if b.device == 'cpu' else 'GPU'}.")
     rows = []
     for name, traj in sets.items():
         runner = CostRunner(world, traj)
@@ -527,6 +560,47 @@ def perception_free_space(b: Bench) -> None:
     runner.forward()
     emit(f"cost fwd+bwd / floor: {res['SdfMeshWarpPy fwd+bwd'].median / res['floor, bound max_dist+r+eta'].median:.2f}"
          f"; spheres with cost > 0: {int((runner.cost > 0).sum())}")
+
+
+def raw_mesh_table(b: Bench) -> None:
+    """Meshes built outside robot_sdf (issue 14): cuRobo's tensors (wp.Mesh with winding-number
+    support, bounding radius pad 0) against the same tensors with the radius filled and against
+    MeshWorld's own meshes, plain and swept fwd+bwd on one thread, on the robot-like scene."""
+    meshes = scenes.robot_like_meshes()
+    n_tri = sum(len(m.triangles) for m in meshes)
+    section(f"Meshes built outside robot_sdf on {b.device}: raw wp.Mesh tensors vs. radius filled vs. MeshWorld")
+    worlds = {"raw wp.Mesh, pad 0": TensorWorld(meshes, b.device, 0.0),
+              "raw wp.Mesh, radius filled": TensorWorld(meshes, b.device, None),
+              "MeshWorld (sign method normal)": build_world(meshes, b.device)}
+    sizes = {"1k": (1, 20, 50), "100k": (4, 30, 52) if b.quick else (64, 30, 52)}
+    emit(f"{len(meshes)} robot-like meshes (scenes.robot_like_meshes), {n_tri:,} triangles; plain: spheres r = "
+         f"{scenes.SPHERE_RADIUS} m within {scenes.SURFACE_OFFSET} m of the surfaces; swept: random-walk "
+         f"trajectories (1-2 cm steps, contact-heavy), sweep_steps {SWEEP_STEPS}; max_dist {scenes.MAX_DIST} m, "
+         f"activation {scenes.ACTIVATION} m; fwd+bwd, " + ("one thread." if b.device == "cpu" else "GPU."))
+    rows = []
+    for label, (bt, h, n) in sizes.items():
+        plain_spheres = scenes.near_surface_spheres(meshes, bt * h * n)
+        traj = scenes.trajectories(meshes, bt, h, n)
+        cases: dict[str, Callable[[], object]] = {}
+        for name, world in worlds.items():
+            plain, swept = CostRunner(world, plain_spheres), CostRunner(world, traj)
+            cases[f"plain, {name}"] = plain.forward_backward
+            cases[f"swept, {name}"] = swept.swept_forward_backward
+        if b.device == "cpu":
+            cases = {k: (lambda f=f: _one_thread(f)) for k, f in cases.items()}
+        res = b.timed(cases, reps=3 if b.quick else 7)
+        for kind in ("plain", "swept"):
+            base = res[f"{kind}, raw wp.Mesh, radius filled"].median
+            for name in worlds:
+                st = res[f"{kind}, {name}"]
+                count = bt * h * n
+                rows.append([label, kind, name, st.ms(), f"{1e9 * st.median / count:,.0f}", f"{st.median / base:.2f}"])
+    emit(table(["spheres", "cost", "world tensors", "median ms (p25-p75)", "ns / sphere", "/ radius filled"], rows))
+
+
+def _one_thread(fn: Callable[[], object]) -> None:
+    with cpu_threads(1):
+        fn()
 
 
 def world_updates(b: Bench) -> None:
@@ -810,7 +884,7 @@ class _TrivialFunction(torch.autograd.Function):
 def run(device: str = "cpu", quick: bool = False) -> None:
     """Print every core table."""
     b = Bench(device, quick)
-    for part in (world_updates, call_overhead, standard_table, sphere_scaling, triangle_scaling, mppi_batch, sign_methods, swept_table,
-                 perception_free_space, far_obstacles):
+    for part in (world_updates, call_overhead, standard_table, raw_mesh_table, sphere_scaling, triangle_scaling, mppi_batch,
+                 sign_methods, swept_table, perception_free_space, far_obstacles):
         part(b)
         emit(f"\n(load average after this table: {load_average()})")

@@ -213,6 +213,29 @@ def standard_meshes(seed: int = STANDARD_SEED) -> list[SceneMesh]:
     return meshes
 
 
+def robot_like_meshes(seed: int = STANDARD_SEED + 5) -> list[SceneMesh]:
+    """8 closed link-like meshes of 15-20k triangles each (~129k in all, the density of a real
+    robot's link meshes): four capped cylinders, two finely gridded boxes, an ellipsoid and a
+    torus, at rotated poses on a 4 x 2 grid with 0.35 m spacing (neighbours 5-15 cm apart)."""
+    shapes = [
+        ("base", cylinder(0.11, 0.16, 141)),
+        ("shoulder", cylinder(0.07, 0.3, 96)),
+        ("upper_arm", cylinder(0.06, 0.45, 76)),
+        ("forearm", cylinder(0.05, 0.4, 73)),
+        ("elbow", ellipsoid((0.1, 0.07, 0.06), 5)),
+        ("wrist", torus_with_triangles(15500, 0.09, 0.04)),
+        ("hand", box((0.14, 0.1, 0.08), 0.0029)),
+        ("gripper", box((0.1, 0.05, 0.12), 0.0024)),
+    ]
+    rng = np.random.default_rng(seed)
+    meshes = []
+    for k, (name, (v, t)) in enumerate(shapes):
+        x, y = 0.35 * (k % 4) - 0.525, 0.35 * (k // 4) - 0.175
+        position = np.array([x, y, 0.5]) + rng.uniform(-0.02, 0.02, size=3)
+        meshes.append(SceneMesh(name, v, t, np.concatenate([position, _random_quaternion(rng)])))
+    return meshes
+
+
 # --------------------------------------------------------------------------------------- spheres
 def surface_samples(meshes: list[SceneMesh], count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Area-uniform points on the union of the meshes' surfaces and their outward unit normals,

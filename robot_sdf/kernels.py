@@ -8,6 +8,8 @@ Layout (flattened from the torch tensors of design.md section 3):
     mesh_idx     (E, M) int64 Warp mesh ids
     pose_inv     (E, M, 8)    world->mesh x, y, z, qw, qx, qy, qz, cull radius (0 = unknown): no
                               surface and no inside point farther than it from the mesh origin
+                              (unknown for meshes built elsewhere: the box of their BVH root
+                              bounds them, mesh_box_distance_sq)
     sign_method, slot_sign    a SignMethod for every slot, AUTO (each mesh's own, from its sign
                               data), or PER_SLOT: read slot_sign (E, M) uint8
     mesh_enable  (E, M) uint8
@@ -81,6 +83,19 @@ HESSIAN_MIN_DISTANCE = wp.constant(1.0e-6)
 def winding_number(mesh: wp.uint64, p: wp.vec3, accuracy: float) -> float:
     """Warp's fast generalised winding number of p (the mesh must support winding numbers);
     called directly so that an inside test far from the surface needs no closest-point search."""
+    ...
+
+
+@wp.func_native("""
+const wp::Mesh& m = *(const wp::Mesh*)(mesh);
+const int root = *m.bvh.root;
+const wp::BVHPackedNodeHalf lo = m.bvh.node_lowers[root];
+const wp::BVHPackedNodeHalf hi = m.bvh.node_uppers[root];
+return wp::distance_to_aabb_sq(p, wp::vec3(lo.x, lo.y, lo.z), wp::vec3(hi.x, hi.y, hi.z));""")
+def mesh_box_distance_sq(mesh: wp.uint64, p: wp.vec3) -> float:
+    """Squared distance of mesh-frame p to the box of the mesh's BVH root (0 inside): Warp keeps
+    that box enclosing every triangle across builds and refits, so it bounds any mesh, built
+    anywhere, without cached host-side data that could outlive the mesh id."""
     ...
 
 
@@ -228,6 +243,72 @@ def query_closest(mesh: wp.uint64, p: wp.vec3, bound: float, sign_method: int):
 
 
 @wp.func
+def mesh_sign_method(mesh: wp.uint64, sign_method: int):
+    """(offset of robot_sdf's sign data or -1, the sign method that applies to this mesh)."""
+    m = wp.mesh_get(mesh)
+    data = sign_data_offset(mesh)
+    method = sign_method
+    if method == SIGN_AUTO or method < 0:
+        method = SIGN_NORMAL
+        if data >= 0:
+            method = int(m.velocities[data + 2][2])
+    if method == SIGN_WINDING_NUMBER and data >= 0:
+        if m.velocities[data + 2][1] == 0.0:
+            # Built without winding-number support (the host refuses such calls; never read it).
+            method = SIGN_NORMAL
+    return data, method
+
+
+@wp.func
+def closest_feature(mesh: wp.uint64, p: wp.vec3, face: int, inside: float, data: int, pseudo: bool):
+    """Exact closest point of p on the mesh given the triangle Warp's float32 search found:
+    (p - closest point, its length, inside < 0 (recomputed from the pseudo-normal when
+    ``pseudo``), outward direction for a point on the surface)."""
+    m = wp.mesh_get(mesh)
+    delta, dist, feature, face_n = refine_closest(mesh, p, face)
+    outward = face_n
+    if pseudo:
+        outward = feature_normal(mesh, face, feature, face_n)
+        inside = wp.where(wp.dot(delta, outward) < 0.0, -1.0, 1.0)
+    if data >= 0 and (dist < SLIVER_REACH or inside < 0.0):
+        if m.velocities[data + 3][2] != 0.0:
+            # Slivers: Warp's float32 search may have picked a triangle farther than the closest
+            # one; every triangle nearer than the one found overlaps this box. Outside and
+            # farther than SLIVER_REACH the box would hold too many triangles for a free-space
+            # query (and a wrong pick moves the direction less); inside points pay anyway.
+            reach = wp.vec3(dist + 1.0e-6, dist + 1.0e-6, dist + 1.0e-6)
+            query = wp.mesh_query_aabb(mesh, p - reach, p + reach)
+            other = int(0)
+            improved = bool(False)
+            while wp.mesh_query_aabb_next(query, other):
+                if other != face:
+                    d2, l2, f2, n2 = refine_closest(mesh, p, other)
+                    if l2 < dist:
+                        delta = d2
+                        dist = l2
+                        feature = f2
+                        face_n = n2
+                        face = other
+                        improved = True
+            if improved:
+                outward = face_n
+                if pseudo:
+                    outward = feature_normal(mesh, face, feature, face_n)
+                    inside = wp.where(wp.dot(delta, outward) < 0.0, -1.0, 1.0)
+    return delta, dist, inside, outward
+
+
+@wp.func
+def signed_result(delta: wp.vec3, dist: float, inside: float, outward: wp.vec3):
+    """(sd, d sd / d p) of a closest point: sd < 0 inside; on the surface the outward direction."""
+    sign = wp.where(inside < 0.0, -1.0, 1.0)
+    grad = outward
+    if dist > DEGENERATE_LENGTH:
+        grad = delta * (sign / dist)
+    return sign * dist, grad
+
+
+@wp.func
 def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_radius: float, sign_method: int):
     """Signed distance of mesh-frame point p to one mesh, searched up to ``bound`` outside.
 
@@ -248,19 +329,10 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     if bounding_radius > 0.0 and centre_dist > bounding_radius + bound:
         return found, sd, grad
     m = wp.mesh_get(mesh)
-    data = sign_data_offset(mesh)
-    method = sign_method
-    if method == SIGN_AUTO or method < 0:
-        method = SIGN_NORMAL
-        if data >= 0:
-            method = int(m.velocities[data + 2][2])
-    if method == SIGN_WINDING_NUMBER and data >= 0:
-        if m.velocities[data + 2][1] == 0.0:
-            # Built without winding-number support (the host refuses such calls; never read it).
-            method = SIGN_NORMAL
+    data, method = mesh_sign_method(mesh, sign_method)
     pseudo = method == SIGN_NORMAL and data >= 0
     # The winding-number method of robot_sdf's sign data (the mesh supports winding numbers:
-    # checked above).
+    # checked by mesh_sign_method).
     winding = method == SIGN_WINDING_NUMBER and data >= 0
 
     inside = float(1.0)
@@ -295,7 +367,9 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
                     return found, sd, grad
             elif p[0] < lo[0] or p[1] < lo[1] or p[2] < lo[2] or p[0] > hi[0] or p[1] > hi[1] or p[2] > hi[2]:
                 return found, sd, grad
-        elif bounding_radius > 0.0 and centre_dist > bounding_radius:
+        elif (bounding_radius > 0.0 and centre_dist > bounding_radius) or mesh_box_distance_sq(mesh, p) > 0.0:
+            # A mesh without robot_sdf's sign data (built by a caller, e.g. cuRobo's world
+            # tensors, whose bounding radius is often 0): its BVH's root box bounds it instead.
             return found, sd, grad
         deep = True
     if winding:
@@ -329,45 +403,11 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
         if not hit:
             return found, sd, grad
 
-    delta, dist, feature, face_n = refine_closest(mesh, p, face)
-    outward = face_n
-    if pseudo:
-        outward = feature_normal(mesh, face, feature, face_n)
-        inside = wp.where(wp.dot(delta, outward) < 0.0, -1.0, 1.0)
-    if data >= 0 and (dist < SLIVER_REACH or inside < 0.0):
-        if m.velocities[data + 3][2] != 0.0:
-            # Slivers: Warp's float32 search may have picked a triangle farther than the closest
-            # one; every triangle nearer than the one found overlaps this box. Outside and
-            # farther than SLIVER_REACH the box would hold too many triangles for a free-space
-            # query (and a wrong pick moves the direction less); inside points pay anyway.
-            reach = wp.vec3(dist + 1.0e-6, dist + 1.0e-6, dist + 1.0e-6)
-            query = wp.mesh_query_aabb(mesh, p - reach, p + reach)
-            other = int(0)
-            improved = bool(False)
-            while wp.mesh_query_aabb_next(query, other):
-                if other != face:
-                    d2, l2, f2, n2 = refine_closest(mesh, p, other)
-                    if l2 < dist:
-                        delta = d2
-                        dist = l2
-                        feature = f2
-                        face_n = n2
-                        face = other
-                        improved = True
-            if improved:
-                outward = face_n
-                if pseudo:
-                    outward = feature_normal(mesh, face, feature, face_n)
-                    inside = wp.where(wp.dot(delta, outward) < 0.0, -1.0, 1.0)
+    delta, dist, inside, outward = closest_feature(mesh, p, face, inside, data, pseudo)
     if deep and inside >= 0.0:
         return found, sd, grad
-    sign = wp.where(inside < 0.0, -1.0, 1.0)
     found = 1
-    sd = sign * dist
-    if dist > DEGENERATE_LENGTH:
-        grad = delta * (sign / dist)
-    else:
-        grad = outward
+    sd, grad = signed_result(delta, dist, inside, outward)
     return found, sd, grad
 
 
@@ -393,6 +433,77 @@ def env_slot_bvh(slot_bvh: wp.array(dtype=wp.uint64), env: int, n_envs: int):
         if bvh != wp.uint64(0):
             return bvh, 1
     return slot_bvh[n - 1], 0
+
+
+# Slots a query visits, collected by slot_bvh_hits. Warp's own wp.bvh_query_aabb keeps its
+# traversal stack in CUDA shared memory (32 ints per thread of the block: 32 KB at 256 threads);
+# beside the mesh queries' stack that passed the 48 KB static limit and ptxas refused both query
+# kernels (test/cuda_build_test.py). This traversal keeps its stack in registers/local memory.
+SLOT_HITS = wp.constant(32)
+slot_hits_t = wp.types.vector(length=33, dtype=wp.int32)
+
+
+@wp.func_native("""
+wp::vec_t<33, int> out;
+const wp::BVH bvh = wp::bvh_get(id);
+int stack[BVH_QUERY_STACK_SIZE];
+stack[0] = *bvh.root;
+int count = 1;
+int n = 0;
+while (count) {
+    const int node = stack[--count];
+    const wp::BVHPackedNodeHalf nl = bvh.node_lowers[node];
+    const wp::BVHPackedNodeHalf nu = bvh.node_uppers[node];
+    if (nl.x > upper[0] || nl.y > upper[1] || nl.z > upper[2] || nu.x < lower[0] || nu.y < lower[1] || nu.z < lower[2])
+        continue;
+    if (nl.b) {
+        for (int prim = (int)nl.i; prim < (int)nu.i; ++prim) {
+            const int item = bvh.primitive_indices[prim];
+            const wp::vec3 il = bvh.item_lowers[item];
+            const wp::vec3 iu = bvh.item_uppers[item];
+            if (il[0] > upper[0] || il[1] > upper[1] || il[2] > upper[2] || iu[0] < lower[0] || iu[1] < lower[1] || iu[2] < lower[2])
+                continue;
+            if (n < 32)
+                out[n] = item;
+            ++n;
+        }
+    } else if (count + 2 > BVH_QUERY_STACK_SIZE) {
+        n = 33;  // deeper than the stack: the caller visits every slot instead
+        break;
+    } else {
+        stack[count++] = (int)nl.i;
+        stack[count++] = (int)nu.i;
+    }
+}
+out[32] = n;
+return out;""")
+def slot_bvh_hits(id: wp.uint64, lower: wp.vec3, upper: wp.vec3) -> slot_hits_t:
+    """Items of BVH ``id`` whose boxes overlap [lower, upper]: entries 0..min(n, 32)-1, n in
+    entry 32 (n > 32: more than fit, or a tree deeper than the stack)."""
+    ...
+
+
+@wp.func
+def slot_candidates(slot_bvh: wp.array(dtype=wp.uint64), env: int, n_envs: int, count: int, p: wp.vec3,
+                    reach: float):
+    """(hits, number of iterations, 1 if hits lists the slots) for a slot loop of env around p:
+    the slots whose boxes come within ``reach`` of p when env has a slot BVH and at most
+    SLOT_HITS of them do, else every slot 0..count-1 (then the loop's index is the slot)."""
+    bvh, use_bvh = env_slot_bvh(slot_bvh, env, n_envs)
+    hits = slot_hits_t()
+    if use_bvh != 0:
+        box = wp.vec3(reach, reach, reach)
+        hits = slot_bvh_hits(bvh, p - box, p + box)
+        if hits[32] <= SLOT_HITS:
+            return hits, hits[32], 1
+    return hits, count, 0
+
+
+@wp.func
+def candidate_slot(hits: slot_hits_t, i: int, listed: int) -> int:
+    if listed != 0:
+        return hits[i]
+    return i
 
 
 @wp.kernel
@@ -447,22 +558,12 @@ def sphere_world_cost(
     bound = max_dist + radius + eta
     min_sd = bound
     count = wp.min(n_env_mesh[env], mesh_idx.shape[1])
-    bvh, use_bvh = env_slot_bvh(slot_bvh, env, n_env_mesh.shape[0])
-    reach = wp.vec3(bound, bound, bound)
-    query = wp.bvh_query_aabb(bvh, p - reach, p + reach)
-    slot = int(-1)
-    while True:
-        # The BVH's next hit (slots that may hold a surface or inside point within the query
-        # box), or simply the next slot. Inlined: the query's traversal state lives here.
-        if use_bvh != 0:
-            if not wp.bvh_query_next(query, slot):
-                break
-            if slot >= count:
-                continue
-        else:
-            slot += 1
-            if slot >= count:
-                break
+    # The slots that may hold a surface or inside point within the search (slot BVH), or all.
+    hits, n_iter, listed = slot_candidates(slot_bvh, env, n_env_mesh.shape[0], count, p, bound)
+    for i in range(n_iter):
+        slot = candidate_slot(hits, i, listed)
+        if slot >= count:
+            continue
         if mesh_enable[env, slot] == wp.uint8(0) or mesh_idx[env, slot] == wp.int64(0):
             continue
         t, q = slot_pose(pose_inv, env, slot)
@@ -505,22 +606,12 @@ def point_world_esdf(
     best = -max_dist
     grad = wp.vec3(0.0, 0.0, 0.0)
     count = wp.min(n_env_mesh[env], mesh_idx.shape[1])
-    bvh, use_bvh = env_slot_bvh(slot_bvh, env, n_env_mesh.shape[0])
-    reach = wp.vec3(max_dist, max_dist, max_dist)
-    query = wp.bvh_query_aabb(bvh, p - reach, p + reach)
-    slot = int(-1)
-    while True:
-        # The BVH's next hit (slots that may hold a surface or inside point within the query
-        # box), or simply the next slot. Inlined: the query's traversal state lives here.
-        if use_bvh != 0:
-            if not wp.bvh_query_next(query, slot):
-                break
-            if slot >= count:
-                continue
-        else:
-            slot += 1
-            if slot >= count:
-                break
+    # The slots that may hold a surface or inside point within the search (slot BVH), or all.
+    hits, n_iter, listed = slot_candidates(slot_bvh, env, n_env_mesh.shape[0], count, p, max_dist)
+    for i in range(n_iter):
+        slot = candidate_slot(hits, i, listed)
+        if slot >= count:
+            continue
         if mesh_enable[env, slot] == wp.uint8(0) or mesh_idx[env, slot] == wp.int64(0):
             continue
         t, q = slot_pose(pose_inv, env, slot)
@@ -548,10 +639,11 @@ def query_env(
 
 
 # CUDA only: both query kernels sit at the 255-register cap and spill (docs/benchmarks.md, issue
-# 18); at that count an SM holds one 256-thread block, so shared memory is otherwise idle and
-# ptxas may put part of the spills there (up to the 48 KB static limit) instead of in local
-# memory. launch_bounds: Warp's default block size, which every launch of these kernels uses.
-@wp.kernel(enable_cuda_smem_spilling=True, launch_bounds=256)
+# 18). launch_bounds: Warp's default block size, which every launch of these kernels uses.
+# Shared-memory spilling (enable_cuda_smem_spilling) is off: with the slot BVH's traversal stack
+# beside the mesh queries' the static shared memory passed the 48 KB limit and ptxas refused the
+# kernels (test/cuda_build_test.py caught it).
+@wp.kernel(launch_bounds=256)
 def sphere_cost_kernel(
     spheres: wp.array(dtype=wp.vec4),
     weight: wp.array(dtype=wp.float32),
@@ -618,7 +710,349 @@ def swept_sample_weight(k: int, sweep_steps: int, n_sides: int) -> float:
     return w
 
 
-@wp.kernel(enable_cuda_smem_spilling=True, launch_bounds=256)
+# Samples searched with the centre in one BVH traversal by mesh_closest_points: both sides of
+# sweep_steps up to 7 at once; beyond that, 15 at a time per side.
+SWEPT_BATCH = wp.constant(15)
+SWEPT_SIDE_BATCH = wp.constant(7)
+vec16 = wp.types.vector(length=16, dtype=wp.float32)
+
+
+@wp.func_native("""
+const wp::Mesh m = wp::mesh_get(mesh);
+const int n1c = n1 < 15 ? (n1 > 0 ? n1 : 0) : 15;
+const int n2c = n2 < 15 - n1c ? (n2 > 0 ? n2 : 0) : 15 - n1c;
+const int count_pts = 1 + n1c + n2c;
+wp::vec3 pts[16];
+float best[16];
+int best_face[16];
+pts[0] = a;
+best[0] = bound_a > 0.0f ? bound_a * bound_a : 0.0f;
+best_face[0] = -1;
+wp::vec3 lo = a;
+wp::vec3 hi = a;
+float worst = best[0];
+for (int j = 1; j < count_pts; ++j) {
+    const float s = j <= n1c ? s1 + ds * (float)(j - 1) : s2 + ds * (float)(j - 1 - n1c);
+    const wp::vec3 offset = (j <= n1c ? d1 : d2) * s;
+    pts[j] = a + offset;
+    // 1-Lipschitz: the closest surface point of a is within base of a.
+    float b = reach;
+    if (base >= 0.0f) {
+        const float lip = (base + wp::length(offset)) * 1.0001f + 1.0e-6f;
+        b = base_inside ? lip : wp::min(reach, lip);
+    }
+    best[j] = b * b;
+    best_face[j] = -1;
+    lo = wp::min(lo, pts[j]);
+    hi = wp::max(hi, pts[j]);
+    worst = wp::max(worst, best[j]);
+}
+int stack[BVH_QUERY_STACK_SIZE];
+stack[0] = *m.bvh.root;
+int count = worst > 0.0f ? 1 : 0;
+while (count) {
+    const int node = stack[--count];
+    const wp::BVHPackedNodeHalf nl = m.bvh.node_lowers[node];
+    const wp::BVHPackedNodeHalf nu = m.bvh.node_uppers[node];
+    const wp::vec3 node_lo(nl.x, nl.y, nl.z);
+    const wp::vec3 node_hi(nu.x, nu.y, nu.z);
+    const wp::vec3 gap = wp::max(wp::max(node_lo - hi, lo - node_hi), wp::vec3(0.0f));
+    if (wp::length_sq(gap) >= worst)
+        continue;
+    if (nl.b) {
+        bool in_reach[16];
+        for (int j = 0; j < count_pts; ++j)
+            in_reach[j] = wp::distance_to_aabb_sq(pts[j], node_lo, node_hi) < best[j];
+        for (int prim = (int)nl.i; prim < (int)nu.i; ++prim) {
+            const int tri = m.bvh.primitive_indices[prim];
+            const wp::vec3 p = m.points[m.indices[tri * 3 + 0]];
+            const wp::vec3 q = m.points[m.indices[tri * 3 + 1]];
+            const wp::vec3 r = m.points[m.indices[tri * 3 + 2]];
+            const wp::vec3 e0 = q - p;
+            const wp::vec3 e1 = r - p;
+            const wp::vec3 e2 = r - q;
+            // Warp's own closest-point queries skip these slivers: the same candidates here.
+            if (wp::length(wp::cross(e0, e1)) / (wp::dot(e0, e0) + wp::dot(e1, e1) + wp::dot(e2, e2)) < 1.e-6f)
+                continue;
+            for (int j = 0; j < count_pts; ++j) {
+                if (!in_reach[j])
+                    continue;
+                const wp::vec2 bary = wp::closest_point_to_triangle(p, q, r, pts[j]);
+                const wp::vec3 c = bary[0] * p + bary[1] * q + (1.0f - bary[0] - bary[1]) * r;
+                const float dist_sq = wp::length_sq(c - pts[j]);
+                if (dist_sq < best[j]) {
+                    best[j] = dist_sq;
+                    best_face[j] = tri;
+                }
+            }
+        }
+        worst = 0.0f;
+        for (int j = 0; j < count_pts; ++j)
+            worst = wp::max(worst, best[j]);
+    } else {
+        const int children[2] = {(int)nl.i, (int)nu.i};
+        float child_gap[2];
+        for (int c = 0; c < 2; ++c) {
+            const wp::BVHPackedNodeHalf cl = m.bvh.node_lowers[children[c]];
+            const wp::BVHPackedNodeHalf cu = m.bvh.node_uppers[children[c]];
+            const wp::vec3 g = wp::max(wp::max(wp::vec3(cl.x, cl.y, cl.z) - hi, lo - wp::vec3(cu.x, cu.y, cu.z)),
+                                       wp::vec3(0.0f));
+            child_gap[c] = wp::length_sq(g);
+        }
+        // The nearer child last, so that it is searched first.
+        const int first = child_gap[0] < child_gap[1] ? 1 : 0;
+        if (child_gap[first] < worst)
+            stack[count++] = children[first];
+        if (child_gap[1 - first] < worst)
+            stack[count++] = children[1 - first];
+    }
+}
+wp::vec_t<16, float> out;
+for (int j = 0; j < 16; ++j) {
+    union { int i; float f; } bits;
+    bits.i = j < count_pts ? best_face[j] : -1;
+    out[j] = bits.f;
+}
+return out;""")
+def mesh_closest_points(mesh: wp.uint64, a: wp.vec3, bound_a: float, d1: wp.vec3, s1: float, n1: int, d2: wp.vec3,
+                        s2: float, n2: int, ds: float, reach: float, base: float, base_inside: bool) -> vec16:
+    """Closest triangles of up to 16 points in one traversal of the mesh's BVH: entry 0 for a
+    within ``bound_a`` (not searched when bound_a <= 0), entries 1..n1 for a + d1 (s1 + i ds),
+    the next n2 for a + d2 (s2 + i ds), i = 0, 1, ... (n1 + n2 <= SWEPT_BATCH). Each of those is
+    searched within ``reach``, or, where a's unsigned distance ``base`` (>= 0) is known, within
+    base + its distance to a (1-Lipschitz; always when a is inside: a deep point is found without
+    a ray), whichever is smaller. The points lie on two short segments from a, so their searches
+    visit nearly the same nodes; a leaf's triangles are tested against a point only where the
+    leaf's box is nearer than the point's best (a per-triangle box test cost more than it saved).
+    Entries hold the triangle's index as float bits (face_of reads them), -1 for none. Candidates are those of Warp's mesh_query_point_no_sign (slivers
+    skipped alike)."""
+    ...
+
+
+@wp.func_native("""union { float f; int i; } bits; bits.f = x; return bits.i;""")
+def face_of(x: float) -> int:
+    """The int whose bits mesh_closest_points stored in a float entry."""
+    ...
+
+
+@wp.func
+def penetration_cost(sd: float, radius: float, eta: float):
+    """cost_i of design.md section 4 for signed distance sd and d cost_i / d (-sd)."""
+    d = radius + eta - sd
+    cost = float(0.0)
+    dcost = float(0.0)
+    if d > 0.0:
+        dcost = 1.0
+        if d <= eta:
+            cost = d * d / (2.0 * eta)
+            dcost = d / eta
+        else:
+            cost = d - 0.5 * eta
+    return cost, dcost
+
+
+@wp.func
+def side_bit(k: int) -> int:
+    """Bit of sample k in a side's evaluation mask (samples beyond 30 share the last bit)."""
+    return 1 << wp.min(k, 30)
+
+
+@wp.func
+def swept_slot_cost(
+    mesh: wp.uint64,
+    cull_radius: float,
+    sign_method: int,
+    p: wp.vec3,
+    seg_prev: wp.vec3,
+    seg_next: wp.vec3,
+    has_prev: int,
+    has_next: int,
+    radius: float,
+    eta: float,
+    max_dist: float,
+    bound0: float,
+    sweep_steps: int,
+    n_sides: int,
+):
+    """One mesh's share of a step's swept cost, in the mesh frame (p, segments to the neighbours).
+
+    Returns (c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next): the cost at p and its
+    gradient, sum_k w_k (c_k - c0) over the samples of both sides, the samples' gradient partials
+    w (1 - s) g towards p and w s g towards each neighbour, and per side the samples whose cost
+    took a closest point or a full test.
+
+    Skipping is per mesh: a sample is skipped for this mesh when it lies strictly within this
+    mesh's clearance of an evaluated point of its side (its share of the cost is provably 0; the
+    distance to one mesh is 1-Lipschitz). With robot_sdf's pseudo-normal sign, p and the samples
+    of both sides are searched in one BVH traversal (mesh_closest_points; p within its bound,
+    the samples within r + eta: their cost needs nothing farther). A sample with no surface
+    within r + eta is outside when the last point of its side evaluated is outside and too far
+    from the surface for a crossing in between (|sd| + r + eta > their distance; closed meshes
+    only); otherwise the full test decides (deep centres are costed). Other sign methods search
+    sample after sample, each bound as far as its clearance could still free a later sample.
+    """
+    c0 = float(0.0)
+    g0 = wp.vec3(0.0, 0.0, 0.0)
+    delta = float(0.0)
+    own = wp.vec3(0.0, 0.0, 0.0)
+    to_prev = wp.vec3(0.0, 0.0, 0.0)
+    to_next = wp.vec3(0.0, 0.0, 0.0)
+    mask_prev = int(0)
+    mask_next = int(0)
+    reach_b = radius + eta
+    bound_p = bound0 + radius + eta
+    if cull_radius > 0.0:
+        # Beyond the cull sphere by more than any search of the slot reaches: nothing to find,
+        # and no point of the slot can be inside (the mesh itself is not touched).
+        half_len = wp.max(float(has_prev) * wp.length(seg_prev), float(has_next) * wp.length(seg_next)) * 0.5
+        if wp.length(p) > cull_radius + bound_p + half_len:
+            return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
+    data, method = mesh_sign_method(mesh, sign_method)
+    # A stationary step keeps the plain query of p, so that it reproduces the plain cost bit for bit.
+    batched = method == SIGN_NORMAL and data >= 0 and n_sides > 0 and (
+        (has_prev == 1 and wp.length_sq(seg_prev) > 0.0) or (has_next == 1 and wp.length_sq(seg_next) > 0.0))
+    closed = bool(False)
+    inv_2k = float(0.0)
+    n_first = int(0)
+    batch = vec16()
+    found = int(0)
+    sd = float(0.0)
+    grad_sd = wp.vec3(0.0, 0.0, 0.0)
+    if batched:
+        # p (within its bound) and the samples of both sides (within r + eta: their cost needs
+        # nothing farther) in one traversal.
+        closed = wp.mesh_get(mesh).velocities[data + 3][1] != 0.0
+        inv_2k = 1.0 / (2.0 * float(sweep_steps))
+        n_first = wp.min(sweep_steps, SWEPT_SIDE_BATCH)
+        batch = mesh_closest_points(mesh, p, bound_p, seg_prev, inv_2k, has_prev * n_first, seg_next, inv_2k,
+                                    has_next * n_first, inv_2k, reach_b, -1.0, False)
+        face = face_of(batch[0])
+        if face >= 0:
+            d_vec, dist, inside, outward = closest_feature(mesh, p, face, 1.0, data, True)
+            sd, grad_sd = signed_result(d_vec, dist, inside, outward)
+            found = 1
+        else:
+            # Nothing within bound_p: only the inside test (a zero bound ends Warp's search at once).
+            found, sd, grad_sd = mesh_signed_distance(mesh, p, 0.0, cull_radius, sign_method)
+    else:
+        found, sd, grad_sd = mesh_signed_distance(mesh, p, bound_p, cull_radius, sign_method)
+    clearance = bound0
+    chain_abs = bound_p
+    chain_inside = bool(False)
+    if found != 0:
+        dc = float(0.0)
+        c0, dc = penetration_cost(sd, radius, eta)
+        g0 = grad_sd * (-dc)
+        clearance = sd - reach_b
+        chain_abs = wp.abs(sd)
+        chain_inside = sd < 0.0
+    if n_sides == 0:
+        return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
+    inv_2k = 1.0 / (2.0 * float(sweep_steps))
+    for side in range(2):
+        if (side == 0 and has_prev == 0) or (side == 1 and has_next == 0):
+            continue
+        segment = seg_prev
+        first_entry = 0
+        if side == 1:
+            segment = seg_next
+            first_entry = has_prev * n_first
+        seg_len = wp.length(segment)
+        free_reach = wp.max(clearance, 0.0)
+        last_s = float(0.0)
+        last_abs = chain_abs
+        last_inside = chain_inside
+        to_neighbour = wp.vec3(0.0, 0.0, 0.0)
+        mask = int(0)
+        side_batch = vec16()
+        batch_start = int(0)
+        batch_end = int(0)
+        for k in range(1, sweep_steps + 1):
+            sk = float(k) * inv_2k
+            wk = swept_sample_weight(k, sweep_steps, n_sides)
+            if sk * seg_len < free_reach:
+                delta -= wk * c0
+                continue
+            ck = float(0.0)
+            gk = wp.vec3(0.0, 0.0, 0.0)
+            if seg_len == 0.0:
+                # Every sample sits on p: its cost is c0, bit for bit.
+                ck = c0
+                gk = g0
+                mask = mask | side_bit(k)
+            else:
+                q = p + segment * sk
+                search = wp.min(max_dist, (0.5 - sk) * seg_len * REACH_MARGIN + REACH_SLACK) + reach_b
+                known = search
+                full = bool(True)
+                found_k = int(0)
+                sd_k = float(0.0)
+                grad_k = wp.vec3(0.0, 0.0, 0.0)
+                if batched:
+                    # Searched within r + eta already: a full test only asks whether it is inside.
+                    search = 0.0
+                    known = reach_b
+                    face = int(-1)
+                    covered = k >= batch_start and k < batch_end
+                    if covered:
+                        face = face_of(side_batch[1 + k - batch_start])
+                    elif k <= n_first:
+                        face = face_of(batch[first_entry + k])
+                    if face < 0 and not covered and (k > n_first or (chain_inside and last_inside)):
+                        # The samples from here on, in one more traversal: beyond the first batch,
+                        # or p is inside deeper than r + eta (each sample is then searched within
+                        # the Lipschitz bound from p: found for sure, no ray).
+                        batch_start = k
+                        batch_end = wp.min(sweep_steps + 1, k + SWEPT_BATCH)
+                        side_batch = mesh_closest_points(mesh, p, 0.0, segment, sk, batch_end - k, segment, 0.0, 0,
+                                                         inv_2k, reach_b, wp.where(found != 0, chain_abs, -1.0),
+                                                         chain_inside)
+                        face = face_of(side_batch[1])
+                    if face >= 0:
+                        d_vec, dist, inside, outward = closest_feature(mesh, q, face, 1.0, data, True)
+                        sd_k, grad_k = signed_result(d_vec, dist, inside, outward)
+                        found_k = 1
+                        full = False
+                    elif closed and not last_inside and last_abs + reach_b > (sk - last_s) * seg_len:
+                        full = False
+                if full:
+                    found_k, sd_k, grad_k = mesh_signed_distance(mesh, q, search, cull_radius, sign_method)
+                if full or found_k != 0:
+                    mask = mask | side_bit(k)
+                clearance_k = known - reach_b
+                last_abs = known
+                last_inside = False
+                if found_k != 0:
+                    dck = float(0.0)
+                    ck, dck = penetration_cost(sd_k, radius, eta)
+                    gk = grad_k * (-dck)
+                    clearance_k = sd_k - reach_b
+                    last_abs = wp.abs(sd_k)
+                    last_inside = sd_k < 0.0
+                last_s = sk
+                free_reach = wp.max(free_reach, sk * seg_len + clearance_k)
+            delta += wk * (ck - c0)
+            own += gk * (wk * (1.0 - sk))
+            to_neighbour += gk * (wk * sk)
+        if side == 0:
+            to_prev = to_neighbour
+            mask_prev = mask
+        else:
+            to_next = to_neighbour
+            mask_next = mask
+    return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
+
+
+@wp.func
+def mask_count(mask: int) -> int:
+    count = int(0)
+    for bit in range(31):
+        if ((mask >> bit) & 1) != 0:
+            count += 1
+    return count
+
+
+@wp.kernel(launch_bounds=256)
 def swept_sphere_cost_kernel(
     spheres: wp.array(dtype=wp.vec4),
     weight: wp.array(dtype=wp.float32),
@@ -655,15 +1089,17 @@ def swept_sphere_cost_kernel(
     mid(t, t+1)], sampled at p[t] and at s_k = k / (2K) of each existing side's segment
     (K = sweep_steps), with the fixed weights of swept_sample_weight. A side exists when the
     neighbour step exists and its sphere is on (radius >= 0). A sample is skipped (cost 0) only
-    when it lies strictly within the clearance of a point already evaluated on the same side:
-    the signed distance is 1-Lipschitz, so its penetration is <= 0 there.
+    when its cost is provably 0, mesh by mesh (swept_slot_cost): the signed distance to a mesh is
+    1-Lipschitz, so a sample within a mesh's clearance of an evaluated point of the same side
+    is not penetrated by that mesh.
 
     Outputs per sphere (world frame, all scaled by weight; written only when compute_grad):
     out_own = d cost_t / d p[t], out_to_prev = d cost_t / d p[t-1], out_to_next =
     d cost_t / d p[t+1]; a sample at fraction s with weight w and cost gradient g adds
     w (1 - s) g to p[t] and w s g to the neighbour. With the speed metric applied to a step,
     its whole (CHOMP) gradient goes to out_own and both neighbour partials are 0.
-    out_evaluations (when count_evaluations): sphere_world_cost calls made for the sphere.
+    out_evaluations (when count_evaluations): points of the sphere's slot searched for at least
+    one mesh (p[t] and the samples not skipped for every mesh).
     """
     tid = wp.tid() + start
     if tid >= total:
@@ -704,53 +1140,59 @@ def swept_sphere_cost_kernel(
             bound0 = wp.min(max_dist, reach0 * REACH_MARGIN + REACH_SLACK)
         c0 = float(0.0)
         g0 = wp.vec3(0.0, 0.0, 0.0)
-        clearance0 = float(0.0)
-        c0, g0, clearance0 = sphere_world_cost(
-            p, radius, eta, bound0, env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign, slot_bvh
-        )
-        evaluations = int(1)
+        delta = float(0.0)
+        mask_prev = int(0)
+        mask_next = int(0)
+        prev = wp.vec3(0.0, 0.0, 0.0)
+        nxt = wp.vec3(0.0, 0.0, 0.0)
+        if has_prev == 1:
+            sp = spheres[tid - spheres_per_step]
+            prev = wp.vec3(sp[0], sp[1], sp[2])
+        if has_next == 1:
+            sq = spheres[tid + spheres_per_step]
+            nxt = wp.vec3(sq[0], sq[1], sq[2])
+        # Mesh after mesh (the slot loop of sphere_world_cost), each mesh with all the samples
+        # of the step: a sample is skipped per mesh, and the samples of a side share traversals.
+        # Slots within reach of any sample of the step (p, the samples up to half way to each
+        # neighbour, each searched within bound0 + r + eta at most): through the environment's
+        # slot BVH where it has one (swept_slot_cost's own early-out then sees the same slots as
+        # the plain loop would let through), else slot after slot.
+        half_len = 0.5 * wp.max(float(has_prev) * wp.length(prev - p), float(has_next) * wp.length(nxt - p))
+        slot_reach = bound0 + radius + eta + half_len
+        count = wp.min(n_env_mesh[env], mesh_idx.shape[1])
+        hits, n_iter, listed = slot_candidates(slot_bvh, env, n_env_mesh.shape[0], count, p, slot_reach)
+        for i in range(n_iter):
+            slot = candidate_slot(hits, i, listed)
+            if slot >= count:
+                continue
+            if mesh_enable[env, slot] == wp.uint8(0) or mesh_idx[env, slot] == wp.int64(0):
+                continue
+            t, q = slot_pose(pose_inv, env, slot)
+            c_i, g_i, delta_i, own_i, prev_i, next_i, m_prev, m_next = swept_slot_cost(
+                wp.uint64(mesh_idx[env, slot]), pose_inv[env, slot, 7],
+                slot_sign_method(sign_method, slot_sign, env, slot), wp.quat_rotate(q, p) + t,
+                wp.quat_rotate(q, prev - p), wp.quat_rotate(q, nxt - p), has_prev, has_next, radius, eta, max_dist,
+                bound0, sweep_steps, n_sides,
+            )
+            c0 += c_i
+            g0 += wp.quat_rotate_inv(q, g_i)
+            delta += delta_i
+            own += wp.quat_rotate_inv(q, own_i)
+            to_prev += wp.quat_rotate_inv(q, prev_i)
+            to_next += wp.quat_rotate_inv(q, next_i)
+            mask_prev = mask_prev | m_prev
+            mask_next = mask_next | m_next
+        if count_evaluations != 0:
+            evaluations = 1 + mask_count(mask_prev) + mask_count(mask_next)
         cost = c0
-        own = g0
         if n_sides > 0:
-            inv_2k = 1.0 / (2.0 * float(sweep_steps))
-            own = g0 * inv_2k
-            # cost = c0 + sum_i w_i (c_i - c0): equal to sum_i w_i c_i (weights sum to 1), and
-            # exactly c0 when every sample sits on p[t] (a stationary trajectory).
-            delta = float(0.0)
-            for side in range(2):
-                if (side == 0 and has_prev == 0) or (side == 1 and has_next == 0):
-                    continue
-                sn = spheres[tid + (2 * side - 1) * spheres_per_step]
-                segment = wp.vec3(sn[0], sn[1], sn[2]) - p
-                seg_len = wp.length(segment)
-                # Farthest fraction-times-length proven free so far: an evaluated point at
-                # s_e with clearance c_e frees every later sample with s L < s_e L + c_e.
-                free_reach = clearance0
-                to_neighbour = wp.vec3(0.0, 0.0, 0.0)
-                for k in range(1, sweep_steps + 1):
-                    sk = float(k) * inv_2k
-                    wk = swept_sample_weight(k, sweep_steps, n_sides)
-                    if sk * seg_len < free_reach:
-                        delta -= wk * c0
-                        continue
-                    q = p + segment * sk
-                    ck = float(0.0)
-                    gk = wp.vec3(0.0, 0.0, 0.0)
-                    clearance_k = float(0.0)
-                    ck, gk, clearance_k = sphere_world_cost(
-                        q, radius, eta, wp.min(max_dist, (0.5 - sk) * seg_len * REACH_MARGIN + REACH_SLACK), env, mesh_idx, pose_inv, mesh_enable,
-                        n_env_mesh, sign_method, slot_sign, slot_bvh
-                    )
-                    evaluations += 1
-                    free_reach = wp.max(free_reach, sk * seg_len + clearance_k)
-                    delta += wk * (ck - c0)
-                    own += gk * (wk * (1.0 - sk))
-                    to_neighbour += gk * (wk * sk)
-                if side == 0:
-                    to_prev = to_neighbour
-                else:
-                    to_next = to_neighbour
+            # own holds the samples' partials; p[t] itself weighs 1 / (2K). cost = c0 + sum_k
+            # w_k (c_k - c0): equal to sum_k w_k c_k (weights sum to 1), and exactly c0 when
+            # every sample sits on p[t] (a stationary trajectory).
+            own += g0 * (1.0 / (2.0 * float(sweep_steps)))
             cost = wp.max(c0 + delta, 0.0)
+        else:
+            own = g0
         w = weight[0]
         cost = cost * w
         own = own * w

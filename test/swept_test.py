@@ -4,6 +4,8 @@ towards both neighbours), finite differences, and the CHOMP speed metric."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -40,6 +42,24 @@ def run_swept(spheres: np.ndarray, wenv, device: str, sweep_steps: int, eta: flo
         args.append(SignMethod.parse(sign_method))
     cost = SweptSdfMeshWarpPy.apply(*args)
     return qs, cost, out_grad, sparsity
+
+
+def world_env(envs: list[list[ref.RefMesh]], device: str, kind: str):
+    """Kernel tensors of ``envs``: "raw" = wp.Mesh objects built directly (as cuRobo builds them:
+    Warp's own sign queries, no bounding radius), "world" = a MeshWorld's snapshot (robot_sdf's
+    sign data: the pseudo-normal sign and the batched searches of the swept kernel)."""
+    if kind == "raw":
+        return build_warp_env(envs, device)
+    from robot_sdf import MeshWorld
+
+    world = MeshWorld(device=device, num_envs=len(envs), mesh_capacity=max(1, max(len(e) for e in envs)),
+                      max_distance=MAX_DIST)
+    for e, meshes in enumerate(envs):
+        for i, m in enumerate(meshes):
+            world.add_mesh(f"m{i}", m.vertices, m.triangles, pose=m.pose, env=e, enabled=m.enabled)
+    snap = world.snapshot()
+    return SimpleNamespace(mesh_idx=snap.mesh_idx, mesh_pose_inverse=snap.mesh_pose_inverse,
+                           mesh_enable=snap.mesh_enable, n_env_mesh=snap.n_env_mesh, world=world)
 
 
 def swept_cost_only(spheres: np.ndarray, wenv, device: str, sweep_steps: int, eta: float = ETA,
@@ -130,11 +150,12 @@ def test_zero_sweep_steps_equals_plain_cost(device):
     assert torch.equal(sp_sw, sp)
 
 
+@pytest.mark.parametrize("kind", ["raw", "world"])
 @pytest.mark.parametrize("sweep_steps,max_dist", [(1, 0.5), (2, 0.5), (4, 0.5), (4, 0.04)])
-def test_swept_matches_reference(device, sweep_steps, max_dist):
+def test_swept_matches_reference(device, sweep_steps, max_dist, kind):
     rng = np.random.default_rng(31 + sweep_steps)
     meshes = scene(1)
-    wenv = build_warp_env([meshes], device)
+    wenv = world_env([meshes], device, kind)
     # steps long enough that clearances often fall between samples (some skipped, some not)
     s = random_trajectories(rng, 4, 6, 6, step=0.15)
     samples: list = []
@@ -224,13 +245,14 @@ def convex_orbits(rng: np.random.Generator) -> tuple[list[ref.RefMesh], np.ndarr
     return meshes, s
 
 
+@pytest.mark.parametrize("kind", ["raw", "world"])
 @pytest.mark.parametrize("sweep_steps", [1, 2, 4])
-def test_gradient_is_the_true_derivative(device, sweep_steps):
+def test_gradient_is_the_true_derivative(device, sweep_steps, kind):
     """autograd with random grad_outputs against central differences, for every coordinate of
     every sphere (neighbours included): of the float64 reference, and of the kernel's own cost."""
     rng = np.random.default_rng(60 + sweep_steps)
     meshes, s = convex_orbits(rng)
-    wenv = build_warp_env([meshes], device)
+    wenv = world_env([meshes], device, kind)
     qs, cost, _, _ = run_swept(s, wenv, device, sweep_steps)
     c_np = np_(cost)
     assert np.sum(c_np > 0) >= 10 and np.sum((c_np > 0) & (c_np < 0.5 * ETA)) >= 3
@@ -262,11 +284,12 @@ def test_gradient_is_the_true_derivative(device, sweep_steps):
     assert torch.linalg.vector_norm(g_t[bi, t + 1, k, :3]) > 1e-3
 
 
+@pytest.mark.parametrize("kind", ["raw", "world"])
 @pytest.mark.parametrize("sweep_steps", [1, 2, 4])
-def test_stationary_trajectory_is_exactly_the_plain_cost(device, sweep_steps):
+def test_stationary_trajectory_is_exactly_the_plain_cost(device, sweep_steps, kind):
     rng = np.random.default_rng(40)
     meshes = scene(7)
-    wenv = build_warp_env([meshes], device)
+    wenv = world_env([meshes], device, kind)
     s = random_trajectories(rng, 3, 1, 6, off_fraction=0.0)
     s = np.repeat(s, 5, axis=1)  # every sphere sits still for 5 steps
     c_plain, g_plain, _ = plain_cost(s, wenv, device, weight=2.5)
@@ -343,11 +366,12 @@ def test_linear_cost_gives_the_exact_time_average(device, sweep_steps):
     assert abs(equal - expected[t]) > 2e-4
 
 
-def test_sphere_jumping_through_thin_wall(device):
+@pytest.mark.parametrize("kind", ["raw", "world"])
+def test_sphere_jumping_through_thin_wall(device, kind):
     """1 cm wall at x = 0; the sphere is 30 cm on either side at consecutive steps."""
     wv, wt = ref.thin_wall(0.01, 1.0, 1.0)
     meshes = [ref.RefMesh(wv, wt)]
-    wenv = build_warp_env([meshes], device)
+    wenv = world_env([meshes], device, kind)
     s = np.array([[[[-0.3, 0.1, 0.0, 0.02]], [[0.3, 0.1, 0.0, 0.02]]]])
     c_plain, _ = ref.sphere_cost(s, [meshes], 0.02, 1.0, MAX_DIST)
     assert np.all(c_plain == 0)
@@ -363,6 +387,42 @@ def test_sphere_jumping_through_thin_wall(device):
         # the midpoint sample sits in the middle of the wall: its gradient is ambiguous in
         # x (either face), but it never pulls sideways
         np.testing.assert_allclose(np_(g[..., 1:3]), 0.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("sweep_steps", [2, 4, 11])
+def test_contact_heavy_trajectories_in_and_out_of_meshes(device, sweep_steps):
+    """Short steps (samples mm apart, searched together for MeshWorld's meshes) along walks that
+    graze, enter and cross deep into a box and a sphere mesh: MeshWorld's tensors and cuRobo-built
+    ones both give the reference's costs and gradients; deep samples keep their full cost."""
+    rng = np.random.default_rng(70 + sweep_steps)
+    bv, bt = ref.box((0.5, 0.4, 0.45))
+    sv, st = ref.icosphere(0.2, 2)
+    meshes = [ref.RefMesh(bv, bt, np.concatenate([[0.3, 0.0, 0.0], ref.random_quaternion(rng)])),
+              ref.RefMesh(sv, st, np.concatenate([[-0.3, 0.05, 0.0], ref.random_quaternion(rng)]))]
+    start = rng.uniform([-0.5, -0.25, -0.25], [0.55, 0.25, 0.25], size=(3, 1, 8, 3))
+    start[:, :, :3] = rng.choice([-0.3, 0.3], size=(3, 1, 3, 1)) * np.array([1.0, 0.0, 0.0]) \
+        + rng.uniform(-0.05, 0.05, size=(3, 1, 3, 3))  # near the centres of the meshes
+    direction = rng.normal(size=(3, 1, 8, 3))
+    direction /= np.linalg.norm(direction, axis=-1, keepdims=True)
+    walk = start + direction * np.linspace(0.0, 0.3, 12)[None, :, None, None] \
+        + np.cumsum(rng.normal(scale=0.004, size=(3, 12, 8, 3)), axis=1)
+    s = np.concatenate([walk, rng.uniform(0.01, 0.04, size=(3, 12, 8, 1))], axis=-1)
+    samples: list = []
+    c_ref, own, to_prev, to_next = ref.swept_sphere_partials(s, [meshes], ETA, 1.0, MAX_DIST, sweep_steps,
+                                                             samples_out=samples)
+    g_ref = ref.swept_chain_rule(own, to_prev, to_next)
+    sd = np.stack([m.signed_distance_world(s[..., :3].reshape(-1, 3))[0] for m in meshes]).min(0)
+    assert np.sum(sd < -0.09) >= 10  # centres deeper than the samples' search bound r + eta
+    assert np.mean(c_ref > 0) > 0.4
+    mask = sample_mask(s, meshes, samples)
+    costs = {}
+    for kind in ("raw", "world"):
+        wenv = world_env([meshes], device, kind)
+        _, cost, g, _ = run_swept(s, wenv, device, sweep_steps)
+        np.testing.assert_allclose(np_(cost), c_ref, atol=COST_ATOL, rtol=1e-4, err_msg=kind)
+        np.testing.assert_allclose(np_(g[..., :3])[mask], g_ref[mask], atol=GRAD_ATOL, rtol=1e-4, err_msg=kind)
+        costs[kind] = np_(cost)
+    np.testing.assert_allclose(costs["raw"], costs["world"], atol=1e-5)
 
 
 def test_off_spheres_contribute_and_receive_nothing(device):

@@ -165,6 +165,47 @@ def test_deep_inside_gets_full_cost_for_every_sign_method(device):
         np.testing.assert_allclose(np_(val).reshape(-1), -sd, atol=COST_ATOL, err_msg=method)
 
 
+def test_raw_meshes_without_bounding_radius_match_filled_radius_and_reference(device):
+    """cuRobo-built tensors (wp.Mesh with winding-number support, mesh_pose_inverse[..., 7] = 0)
+    give the costs, gradients and esdf of the same tensors with the bounding radius filled and of
+    the reference: deep centres keep their full cost; points outside a mesh but inside its box
+    (or bounding sphere) and beyond the search bound cost nothing."""
+    rng = np.random.default_rng(21)
+    bv, bt = ref.box((0.8, 0.5, 0.6))
+    sv, st = ref.icosphere(0.4, 2)
+    meshes = [ref.RefMesh(bv, bt, np.concatenate([[0.5, 0.0, 0.0], ref.random_quaternion(rng)])),
+              ref.RefMesh(sv, st, np.concatenate([[-0.5, 0.0, 0.05], ref.random_quaternion(rng)]))]
+    raw = build_warp_env([meshes], device)
+    assert torch.all(raw.mesh_pose_inverse[..., 7] == 0)
+    filled = build_warp_env([meshes], device)
+    filled.mesh_pose_inverse[0, :, 7] = torch.tensor([float(np.linalg.norm(m.vertices, axis=1).max()) for m in meshes])
+    # Deep centres, centres in the corners of the sphere's box, and centres around both meshes.
+    local_box = rng.uniform(-0.3, 0.3, size=(60, 3)) * np.array([1.0, 0.6, 0.8])
+    corners = np.sign(rng.normal(size=(60, 3))) * rng.uniform(0.3, 0.4, size=(60, 3))
+    around = rng.uniform([-1.1, -0.6, -0.6], [1.1, 0.6, 0.6], size=(120, 3))
+    pts = np.concatenate([ref.transform_points(meshes[0].pose, local_box),
+                          ref.transform_points(meshes[1].pose, corners), around])
+    sd = np.stack([m.signed_distance_world(pts)[0] for m in meshes]).min(0)
+    keep = np.abs(sd) > 2e-3
+    s = np.concatenate([pts[keep], rng.uniform(0.0, 0.02, size=(int(keep.sum()), 1))], 1).reshape(1, 1, -1, 4)
+    max_dist = 0.03
+    sd = sd[keep]
+    assert np.sum(sd < -0.1) >= 20  # deep: beyond every search bound
+    assert np.sum(sd[60:120] > 0.1) >= 20  # outside the sphere mesh, inside its box, beyond the bound
+    c_ref, g_ref = ref.sphere_cost(s, [meshes], ETA, 1.0, max_dist)
+    mask = grad_mask(s, meshes)
+    for method in SIGN_METHODS:
+        _, c_raw, g_raw, _ = run_cost(s, raw, device, max_dist=max_dist, sign_method=method)
+        _, c_fill, g_fill, _ = run_cost(s, filled, device, max_dist=max_dist, sign_method=method)
+        np.testing.assert_allclose(np_(c_raw), c_ref, atol=COST_ATOL, rtol=1e-4, err_msg=method)
+        np.testing.assert_allclose(np_(g_raw[..., :3])[mask], g_ref[mask], atol=GRAD_ATOL, err_msg=method)
+        np.testing.assert_allclose(np_(c_raw), np_(c_fill), atol=1e-6, err_msg=method)
+        np.testing.assert_allclose(np_(g_raw), np_(g_fill), atol=1e-6, err_msg=method)
+        _, e_raw, _, _ = run_cost(s, raw, device, max_dist=max_dist, esdf=True, sign_method=method)
+        expected = np.where(sd < max_dist, -sd, -max_dist)
+        np.testing.assert_allclose(np_(e_raw).reshape(-1), expected, atol=COST_ATOL, err_msg=method)
+
+
 def test_negative_radius_is_off(device, meshes):
     rng = np.random.default_rng(12)
     wenv = build_warp_env([meshes], device)
