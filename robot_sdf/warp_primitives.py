@@ -21,6 +21,7 @@ grad_output from per-step partials kept from forward (swept_chain_rule).
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
 import threading
 from collections import OrderedDict
@@ -331,20 +332,53 @@ def _flat(t: torch.Tensor, element_bytes: int):
 
 
 # Descriptors of tensors that callers keep across calls (a snapshot's tensors, cached scalar
-# constants), keyed by the tensors' identities. Entries hold the tensors themselves, so an id is
-# never reused while its entry exists; the data pointer is compared too in case one was set_().
+# constants), keyed by the tensors' identities. An entry holds the tensors themselves, so an id is
+# never reused while its entry exists, and it is checked on every use against every tensor it
+# wraps (_validator): a caller may set_() or resize a kept tensor, or write into it in place.
 _descriptor_cache: dict = {}
 _DESCRIPTOR_CACHE_SIZE = 64
+_data_ptr = torch.Tensor.data_ptr
+_version_of = operator.attrgetter("_version")
+_shape_of = operator.attrgetter("shape")
+_stride_of = torch.Tensor.stride
+_is_inference = torch.Tensor.is_inference
 
 
-def _cached(key: tuple, tensors: tuple, build):
+def _tracked(tensors: tuple) -> tuple:
+    """Addresses and version counters of ``tensors``. torch bumps a tensor's version on every
+    in-place change, of its metadata too (set_, resize_, as_strided_, transpose_, ...), so equal
+    versions and addresses mean the shapes and strides baked into a descriptor still hold, at a
+    third of the cost of reading them (the per-call path). Not seen: ``t.data = other``, which
+    torch's autograd does not track either."""
+    return tuple(map(_data_ptr, tensors)), tuple(map(_version_of, tensors))
+
+
+def _layout(tensors: tuple) -> tuple:
+    """Addresses, shapes and strides of ``tensors``: for inference tensors (no version counter)."""
+    return tuple(map(_data_ptr, tensors)), tuple(map(_shape_of, tensors)), tuple(map(_stride_of, tensors))
+
+
+def _validator(tensors: tuple, content: bool):
+    """How an entry over ``tensors`` is checked on every use (_tracked or _layout), or None when it
+    must not be kept: ``content`` entries depend on the values of the tensors (converted copies,
+    the winding-number check of sign tensors), which only a version counter follows."""
+    if any(map(_is_inference, tensors)):
+        return None if content else _layout
+    return _tracked
+
+
+def _cached(key: tuple, tensors: tuple, build, content=False):
+    """build(), kept under ``key`` while every one of ``tensors`` is unchanged (see _validator);
+    ``content`` a bool, or a callable deciding it from the built value."""
     entry = _descriptor_cache.get(key)
-    if entry is not None and entry[0][0].data_ptr() == entry[1]:
+    if entry is not None and entry[3](entry[0]) == entry[1]:
         return entry[2]
     value = build()
-    if len(_descriptor_cache) >= _DESCRIPTOR_CACHE_SIZE:
-        _descriptor_cache.clear()
-    _descriptor_cache[key] = (tensors, tensors[0].data_ptr(), value)
+    check = _validator(tensors, content(value) if callable(content) else content)
+    if check is not None:
+        if len(_descriptor_cache) >= _DESCRIPTOR_CACHE_SIZE:
+            _descriptor_cache.clear()
+        _descriptor_cache[key] = (tensors, check(tensors), value, check)
     return value
 
 
@@ -397,7 +431,7 @@ def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device) -
         ready = _ready(sign_method, device, torch.uint8)
         if ready is sign_method:
             return _SIGN_PER_SLOT, _cached(("sign", id(ready), id(mesh_idx)), (ready, mesh_idx),
-                                           lambda: _checked_slot_signs(ready, mesh_idx))
+                                           lambda: _checked_slot_signs(ready, mesh_idx), content=True)
         return _SIGN_PER_SLOT, _checked_slot_signs(ready, mesh_idx)
     method = SignMethod.parse(sign_method)
     if method == SignMethod.WINDING_NUMBER:
@@ -437,7 +471,13 @@ def _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, d
     tensors = (mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh)
     # The entry keeps the tensors it describes (converted copies included) alive.
     return _cached(("world", device) + tuple(map(id, tensors)), tensors,
-                   lambda: _world_descriptors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device))[0]
+                   lambda: _world_descriptors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device),
+                   content=lambda built: _converted(built[0], tensors))[0]
+
+
+def _converted(descriptors, tensors) -> bool:
+    """Whether any descriptor describes a converted copy rather than its tensor's own memory."""
+    return any(d.data != _data_ptr(t) for d, t in zip(descriptors, tensors))
 
 
 def _world_descriptors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device) -> tuple:
@@ -456,7 +496,9 @@ def _world_descriptors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, dev
                          "the world and the spheres must share a device")
     ready = (_ready(mesh_idx, device, torch.int64), _ready(mesh_pose_inverse, device, torch.float32),
              _ready(mesh_enable, device, torch.uint8), _ready(n_env_mesh.reshape(-1), device, torch.int32))
-    return tuple(_as_warp(t) for t in ready), ready
+    # Owning descriptors: an entry that is not kept (see _validator) must still keep converted
+    # copies alive until the launch.
+    return tuple(map(_owning, ready)), ready
 
 
 def _env_tensor(env_query_idx, batch: int, device: torch.device) -> tuple[torch.Tensor, int]:
@@ -487,9 +529,8 @@ def _env_query(env_query_idx, batch: int, device: torch.device):
 
 # Launch arguments that callers keep across calls: the three scalar tensors, the four world
 # tensors and the sign arguments, validated and converted together once per set of tensors
-# (keyed by identities, checked against the data pointers as _cached does).
+# (keyed by identities, checked against every tensor as _cached does).
 _constant_sets: dict = {}
-_data_ptr = torch.Tensor.data_ptr
 _WINDING = int(SignMethod.WINDING_NUMBER)
 
 
@@ -509,7 +550,7 @@ def _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_po
         entry = _constant_sets.get(key)
     except TypeError:  # an unhashable sign_method: SignMethod.parse below says what is wrong
         entry = key = None
-    if entry is not None and tuple(map(_data_ptr, entry[0])) == entry[1]:
+    if entry is not None and entry[3](entry[0]) == entry[1]:
         return entry[2]
     values = (_scalar_warp(weight, device), _scalar_warp(activation_distance, device), _scalar_warp(max_dist, device),
               *_check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device),
@@ -521,9 +562,11 @@ def _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_po
             and (sign_method.dtype == torch.uint8 and sign_method.is_contiguous() if per_slot else values[7] != _WINDING):
         tensors = (weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh)
         tensors += (sign_method,) if per_slot else ()
-        if len(_constant_sets) >= _DESCRIPTOR_CACHE_SIZE:
-            _constant_sets.clear()
-        _constant_sets[key] = (tensors, tuple(map(_data_ptr, tensors)), values)
+        check = _validator(tensors, per_slot or _converted(values[3:7], tensors[3:7]))
+        if check is not None:
+            if len(_constant_sets) >= _DESCRIPTOR_CACHE_SIZE:
+                _constant_sets.clear()
+            _constant_sets[key] = (tensors, check(tensors), values, check)
     return values
 
 
