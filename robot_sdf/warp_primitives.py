@@ -1,6 +1,6 @@
 """torch.autograd Functions over the Warp kernels, with cuRobo's forward signatures.
 
-Shapes (design.md section 3): query_spheres (b,h,n,4) float32; out_cost (b,h,n); out_grad
+Shapes (docs/design.md "Tensor layouts"): query_spheres (b,h,n,4) float32; out_cost (b,h,n); out_grad
 (b,h,n,4); sparsity_idx (b,h,n) uint8; scalars as (1,) float32 tensors; mesh_idx (E,M) int64;
 mesh_pose_inverse (E,M,8) float32; mesh_enable (E,M) uint8; n_env_mesh (E,) int32;
 env_query_idx (b,) int32 or None.
@@ -718,7 +718,7 @@ def launch_swept_sphere_cost(
     enable_speed_metric: bool = False, env_query_idx=None, compute_grad: bool = True,
     sign_method=SignMethod.AUTO, out_evaluations: torch.Tensor | None = None,
 ) -> SweptPartials | None:
-    """Fill the outputs with SweptSdfMeshWarpPy's cost (design.md section 4).
+    """Fill the outputs with SweptSdfMeshWarpPy's cost (docs/design.md "Swept cost").
 
     out_cost[t] = cost_t (b,h,n); out_grad[..., :3] = d (sum_t' cost_t') / d p[t] (b,h,n,4), the
     gradient of the summed cost that cuRobo-style callers read directly (zero-filled unless
@@ -774,7 +774,7 @@ _INTRA_OP_GRAIN = 32768
 
 
 class SdfMeshWarpPy(torch.autograd.Function):
-    """Collision cost of spheres against the meshes of a world (design.md sections 3-4)."""
+    """Collision cost of spheres against the meshes of a world (docs/design.md "Tensor layouts", "Cost definition")."""
 
     @staticmethod
     def forward(
@@ -811,7 +811,7 @@ class SdfMeshWarpPy(torch.autograd.Function):
 
 
 class SweptSdfMeshWarpPy(torch.autograd.Function):
-    """Swept collision cost along trajectories (b, h steps, n spheres) (design.md section 4).
+    """Swept collision cost along trajectories (b, h steps, n spheres) (docs/design.md "Swept cost").
 
     cost_t depends on p[t-1], p[t] and p[t+1]. out_grad holds, per sphere, the gradient of the
     summed cost (what cuRobo-style MPCs read); backward applies the chain rule for any

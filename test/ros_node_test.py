@@ -284,7 +284,7 @@ def test_operations_change_results_and_revisions(server):
     assert r_move == r_add + 1
     np.testing.assert_allclose(server.signed_distance(probe)[0], [0.1, 0.1], atol=1e-5)
 
-    # spheres 0.05 m off the moved box's +x face: d = r + eta - 0.05 = r, cost from design.md 4
+    # spheres 0.05 m off the moved box's +x face: d = r + eta - 0.05 = r, cost from docs/design.md "Cost definition"
     spheres = np.array([[[[5.35, 0.0, 0.5, 0.03], [5.35, 0.0, 0.5, 0.08]]]], np.float32)
     cost, grad, rev = server.cost_request(EvaluateSphereCost, spheres)
     assert rev == r_move

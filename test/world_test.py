@@ -112,7 +112,7 @@ def test_set_pose_moves_only_the_pose(world):
     np.testing.assert_allclose(pose, new_pose, atol=1e-9)
     expected = ref_cost([ref.RefMesh(BOX_V, BOX_T, new_pose), ref.RefMesh(SPH_V, SPH_T, POSE_B)])
     np.testing.assert_allclose(world_cost(world), expected, atol=ATOL, rtol=1e-4)
-    # the stored inverse pose is the world->mesh transform of design.md section 3
+    # the stored inverse pose is the world->mesh transform of docs/design.md "Tensor layouts"
     np.testing.assert_allclose(snap1.mesh_pose_inverse[0, 0, :7].cpu().numpy(), ref.pose_inverse(new_pose), atol=1e-6)
 
 
