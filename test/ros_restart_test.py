@@ -130,7 +130,7 @@ def _wait_scene(session, scene, timeout=60.0):
                   what="every update applied")
 
 
-def _wait_saved(state_dir, revision, timeout=10.0):
+def _wait_saved(state_dir, revision, timeout=60.0):
     def saved():
         try:
             return json.loads((state_dir / "scene.json").read_text())["revision"] >= revision
