@@ -531,6 +531,9 @@ def _env_query(env_query_idx, batch: int, device: torch.device):
 # tensors and the sign arguments, validated and converted together once per set of tensors
 # (keyed by identities, checked against every tensor as _cached does).
 _constant_sets: dict = {}
+# (device, the eight arguments, entry) of the last set served: a caller repeating its arguments
+# (the common case) skips building and hashing the key; the entry is checked all the same.
+_last_set: tuple | None = None
 _WINDING = int(SignMethod.WINDING_NUMBER)
 
 
@@ -543,6 +546,14 @@ def _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_po
                         sign_method, device: torch.device) -> tuple:
     """(weight, activation_distance, max_distance, mesh_idx, pose_inverse, enable, n_env_mesh,
     sign code, slot signs) as launch arguments, after the same checks as on every call."""
+    global _last_set
+    last = _last_set
+    if last is not None and last[1] is weight and last[2] is activation_distance and last[3] is max_dist \
+            and last[4] is mesh_idx and last[5] is mesh_pose_inverse and last[6] is mesh_enable \
+            and last[7] is n_env_mesh and last[8] is sign_method and last[0] == device:
+        entry = last[9]
+        if entry[3](entry[0]) == entry[1]:
+            return entry[2]
     per_slot = isinstance(sign_method, torch.Tensor)
     key = (device, id(weight), id(activation_distance), id(max_dist), id(mesh_idx), id(mesh_pose_inverse),
            id(mesh_enable), id(n_env_mesh), id(sign_method) if per_slot else sign_method)
@@ -551,6 +562,8 @@ def _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_po
     except TypeError:  # an unhashable sign_method: SignMethod.parse below says what is wrong
         entry = key = None
     if entry is not None and entry[3](entry[0]) == entry[1]:
+        _last_set = (device, weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
+                     n_env_mesh, sign_method, entry)
         return entry[2]
     values = (_scalar_warp(weight, device), _scalar_warp(activation_distance, device), _scalar_warp(max_dist, device),
               *_check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device),
@@ -566,7 +579,9 @@ def _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_po
         if check is not None:
             if len(_constant_sets) >= _DESCRIPTOR_CACHE_SIZE:
                 _constant_sets.clear()
-            _constant_sets[key] = (tensors, check(tensors), values, check)
+            _constant_sets[key] = entry = (tensors, check(tensors), values, check)
+            _last_set = (device, weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
+                         n_env_mesh, sign_method, entry)
     return values
 
 
