@@ -371,14 +371,23 @@ def _cached(key: tuple, tensors: tuple, build, content=False):
     """build(), kept under ``key`` while every one of ``tensors`` is unchanged (see _validator);
     ``content`` a bool, or a callable deciding it from the built value."""
     entry = _descriptor_cache.get(key)
-    if entry is not None and entry[3](entry[0]) == entry[1]:
-        return entry[2]
+    if entry is not None:
+        kept, signature, value, check, layout = entry
+        if check(kept) == signature:
+            return value
+        if layout is not None and _layout(kept) == layout:
+            # Only values were written in place (a caller updating poses, say): descriptors of
+            # the tensors' own memory still hold.
+            _descriptor_cache[key] = (kept, check(kept), value, check, layout)
+            return value
     value = build()
-    check = _validator(tensors, content(value) if callable(content) else content)
+    content = content(value) if callable(content) else content
+    check = _validator(tensors, content)
     if check is not None:
         if len(_descriptor_cache) >= _DESCRIPTOR_CACHE_SIZE:
             _descriptor_cache.clear()
-        _descriptor_cache[key] = (tensors, check(tensors), value, check)
+        layout = None if content or check is _layout else _layout(tensors)
+        _descriptor_cache[key] = (tensors, check(tensors), value, check, layout)
     return value
 
 
@@ -561,10 +570,20 @@ def _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_po
         entry = _constant_sets.get(key)
     except TypeError:  # an unhashable sign_method: SignMethod.parse below says what is wrong
         entry = key = None
-    if entry is not None and entry[3](entry[0]) == entry[1]:
-        _last_set = (device, weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
-                     n_env_mesh, sign_method, entry)
-        return entry[2]
+    if entry is not None:
+        kept, signature, values, check, layout, content_at = entry
+        now = check(kept)
+        if now != signature:
+            # Values written in place keep the entry when none of them was read to build it
+            # (the per-slot signs and mesh ids for the winding-number check, converted copies).
+            if layout is None or any(now[1][i] != signature[1][i] for i in content_at) or _layout(kept) != layout:
+                entry = None
+            else:
+                _constant_sets[key] = entry = (kept, now, values, check, layout, content_at)
+        if entry is not None:
+            _last_set = (device, weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
+                         n_env_mesh, sign_method, entry)
+            return values
     values = (_scalar_warp(weight, device), _scalar_warp(activation_distance, device), _scalar_warp(max_dist, device),
               *_check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device),
               *_sign_arguments(sign_method, mesh_idx, device))
@@ -575,11 +594,14 @@ def _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_po
             and (sign_method.dtype == torch.uint8 and sign_method.is_contiguous() if per_slot else values[7] != _WINDING):
         tensors = (weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh)
         tensors += (sign_method,) if per_slot else ()
-        check = _validator(tensors, per_slot or _converted(values[3:7], tensors[3:7]))
+        # Positions of the tensors whose values the entry depends on.
+        content_at = ((3, 7) if per_slot else ()) + ((3, 4, 5, 6) if _converted(values[3:7], tensors[3:7]) else ())
+        check = _validator(tensors, bool(content_at))
         if check is not None:
             if len(_constant_sets) >= _DESCRIPTOR_CACHE_SIZE:
                 _constant_sets.clear()
-            _constant_sets[key] = entry = (tensors, check(tensors), values, check)
+            layout = _layout(tensors) if check is _tracked else None
+            _constant_sets[key] = entry = (tensors, check(tensors), values, check, layout, content_at)
             _last_set = (device, weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
                          n_env_mesh, sign_method, entry)
     return values

@@ -246,6 +246,16 @@ def test_per_slot_sign_tensor_written_in_place_is_checked_again(device):
             sdf_cost(args, device, signs)
         signs[0, 0] = int(SignMethod.NORMAL)
         sdf_cost(args, device, signs)
+        # the other way round: winding_number everywhere, then that mesh written into a slot
+        signs.fill_(int(SignMethod.WINDING_NUMBER))
+        args["mesh_idx"][0, 0] = int(keep[0][0].id)  # the box of world A, with winding-number support
+        for _ in range(2):
+            cost, _ = sdf_cost(args, device, signs)
+            np.testing.assert_allclose(cost, ref.sphere_cost(SPHERES, [ref_meshes(WORLD_A)], ETA, 1.0, MAX_DIST)[0],
+                                       atol=ATOL, rtol=1e-4)
+        args["mesh_idx"][0, 0] = int(np.uint64(plain.id).astype(np.int64))
+        with pytest.raises(ValueError, match="winding"):
+            sdf_cost(args, device, signs)
     finally:
         unregister_mesh(plain.id)
 
