@@ -347,9 +347,9 @@ _is_inference = torch.Tensor.is_inference
 def _tracked(tensors: tuple) -> tuple:
     """Addresses and version counters of ``tensors``. torch bumps a tensor's version on every
     in-place change, of its metadata too (set_, resize_, as_strided_, transpose_, ...), so equal
-    versions and addresses mean the shapes and strides baked into a descriptor still hold, at a
-    third of the cost of reading them (the per-call path). Not seen: ``t.data = other``, which
-    torch's autograd does not track either."""
+    versions and addresses mean the shapes and strides baked into a descriptor still hold, at about
+    half the cost of reading them (the per-call path). Not seen: ``t.data = other``, which torch's
+    autograd does not track either."""
     return tuple(map(_data_ptr, tensors)), tuple(map(_version_of, tensors))
 
 
