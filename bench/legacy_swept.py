@@ -5,7 +5,7 @@ side placed by sphere tracing (advance by max(clearance, L / sweep_steps) toward
 point), and its gradient was the sum of the samples' gradients, all credited to p[t]. The sum put
 the cost out of scale (up to 2 * sweep_steps + 1 times the plain cost) and made it jump when a
 neighbour moved off p[t]; the gradient was not the derivative of that cost. The current rule is
-robot_sdf.kernels.swept_sphere_cost_kernel (design.md section 4).
+robot_sdf.kernels.swept_sphere_cost_kernel (docs/design.md "Swept cost").
 """
 from __future__ import annotations
 

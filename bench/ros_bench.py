@@ -187,7 +187,7 @@ def cost_request(spheres: np.ndarray, compute_gradient: bool = True):
 
 
 def mesh_message(name: str, vertices: np.ndarray, triangles: np.ndarray, pose: np.ndarray):
-    """MeshObstacle ADD with the flat geometry fields (the fast path of design.md section 5)."""
+    """MeshObstacle ADD with the flat geometry fields (the fast path of docs/design.md "Messages and services")."""
     from geometry_msgs.msg import Point, Pose, Quaternion
     from std_msgs.msg import Header
 

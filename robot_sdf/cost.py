@@ -240,7 +240,7 @@ def sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, env_index=
 def swept_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, sweep_steps=4, speed_dt=0.1,
                       enable_speed_metric=False, env_index=None, max_distance=None):
     """Swept cost (b,h,n) of trajectories of spheres (b,h,n,4) along h; differentiable w.r.t. the
-    centres. Step t's cost depends on the centres of steps t-1, t and t+1 (design.md section 4);
+    centres. Step t's cost depends on the centres of steps t-1, t and t+1 (docs/design.md "Swept cost");
     backward gives the exact gradient for any upstream gradient."""
     s = _prepare_spheres(world, spheres)
     env = _prepare_env_index(world, env_index, s.shape[0])

@@ -3,7 +3,7 @@
 One thread per sphere. Every kernel writes every output element it owns, so callers may hand in
 uninitialised buffers. Gradients are analytic, so no Warp adjoint code is generated.
 
-Layout (flattened from the torch tensors of design.md section 3):
+Layout (flattened from the torch tensors of docs/design.md "Tensor layouts"):
     spheres      (N,) vec4    x, y, z, radius in the world frame; N = b * h * n
     mesh_idx     (E, M) int64 Warp mesh ids
     pose_inv     (E, M, 8)    world->mesh x, y, z, qw, qx, qy, qz, cull radius (0 = unknown): no
@@ -837,7 +837,7 @@ def face_of(x: float) -> int:
 
 @wp.func
 def penetration_cost(sd: float, radius: float, eta: float):
-    """cost_i of design.md section 4 for signed distance sd and d cost_i / d (-sd)."""
+    """cost_i of docs/design.md "Cost definition" for signed distance sd and d cost_i / d (-sd)."""
     d = radius + eta - sd
     cost = float(0.0)
     dcost = float(0.0)
@@ -1083,7 +1083,7 @@ def swept_sphere_cost_kernel(
     out_to_next: wp.array(dtype=wp.vec3),
     out_evaluations: wp.array(dtype=wp.int32),
 ):
-    """Swept cost of step t of each sphere's trajectory (design.md section 4) and its partials.
+    """Swept cost of step t of each sphere's trajectory (docs/design.md "Swept cost") and its partials.
 
     cost_t = weight * time-average of the sphere's cost over its slot [mid(t-1, t), p[t],
     mid(t, t+1)], sampled at p[t] and at s_k = k / (2K) of each existing side's segment

@@ -429,7 +429,7 @@ class RobotModel:
 
 
 def self_collision_cost(spheres: torch.Tensor, pairs: torch.Tensor, activation_distance: float) -> torch.Tensor:
-    """Self-collision cost (...,) of spheres (..., n, 4): design.md's penetration cost of each pair,
+    """Self-collision cost (...,) of spheres (..., n, 4): the penetration cost (docs/design.md "Cost definition") of each pair,
     d = r_i + r_j + eta - |c_i - c_j|, summed over pairs (P, 2); differentiable in the centres."""
     eta = float(activation_distance)
     if eta <= 0:

@@ -1,6 +1,6 @@
 """torch.autograd Functions over the Warp kernels, with cuRobo's forward signatures.
 
-Shapes (design.md section 3): query_spheres (b,h,n,4) float32; out_cost (b,h,n); out_grad
+Shapes (docs/design.md "Tensor layouts"): query_spheres (b,h,n,4) float32; out_cost (b,h,n); out_grad
 (b,h,n,4); sparsity_idx (b,h,n) uint8; scalars as (1,) float32 tensors; mesh_idx (E,M) int64;
 mesh_pose_inverse (E,M,8) float32; mesh_enable (E,M) uint8; n_env_mesh (E,) int32;
 env_query_idx (b,) int32 or None.
@@ -35,6 +35,7 @@ once_differentiable error. float64 spheres are refused (ValueError): the buffers
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
 import threading
 from collections import OrderedDict
@@ -355,20 +356,62 @@ def _flat(t: torch.Tensor, element_bytes: int):
 
 
 # Descriptors of tensors that callers keep across calls (a snapshot's tensors, cached scalar
-# constants), keyed by the tensors' identities. Entries hold the tensors themselves, so an id is
-# never reused while its entry exists; the data pointer is compared too in case one was set_().
+# constants), keyed by the tensors' identities. An entry holds the tensors themselves, so an id is
+# never reused while its entry exists, and it is checked on every use against every tensor it
+# wraps (_validator): a caller may set_() or resize a kept tensor, or write into it in place.
 _descriptor_cache: dict = {}
 _DESCRIPTOR_CACHE_SIZE = 64
+_data_ptr = torch.Tensor.data_ptr
+_version_of = operator.attrgetter("_version")
+_shape_of = operator.attrgetter("shape")
+_stride_of = torch.Tensor.stride
+_is_inference = torch.Tensor.is_inference
 
 
-def _cached(key: tuple, tensors: tuple, build):
+def _tracked(tensors: tuple) -> tuple:
+    """Addresses and version counters of ``tensors``. torch bumps a tensor's version on every
+    in-place change, of its metadata too (set_, resize_, as_strided_, transpose_, ...), so equal
+    versions and addresses mean the shapes and strides baked into a descriptor still hold, at about
+    half the cost of reading them (the per-call path). Not seen: ``t.data = other``, which torch's
+    autograd does not track either."""
+    return tuple(map(_data_ptr, tensors)), tuple(map(_version_of, tensors))
+
+
+def _layout(tensors: tuple) -> tuple:
+    """Addresses, shapes and strides of ``tensors``: for inference tensors (no version counter)."""
+    return tuple(map(_data_ptr, tensors)), tuple(map(_shape_of, tensors)), tuple(map(_stride_of, tensors))
+
+
+def _validator(tensors: tuple, content: bool):
+    """How an entry over ``tensors`` is checked on every use (_tracked or _layout), or None when it
+    must not be kept: ``content`` entries depend on the values of the tensors (converted copies,
+    the winding-number check of sign tensors), which only a version counter follows."""
+    if any(map(_is_inference, tensors)):
+        return None if content else _layout
+    return _tracked
+
+
+def _cached(key: tuple, tensors: tuple, build, content=False):
+    """build(), kept under ``key`` while every one of ``tensors`` is unchanged (see _validator);
+    ``content`` a bool, or a callable deciding it from the built value."""
     entry = _descriptor_cache.get(key)
-    if entry is not None and entry[0][0].data_ptr() == entry[1]:
-        return entry[2]
+    if entry is not None:
+        kept, signature, value, check, layout = entry
+        if check(kept) == signature:
+            return value
+        if layout is not None and _layout(kept) == layout:
+            # Only values were written in place (a caller updating poses, say): descriptors of
+            # the tensors' own memory still hold.
+            _descriptor_cache[key] = (kept, check(kept), value, check, layout)
+            return value
     value = build()
-    if len(_descriptor_cache) >= _DESCRIPTOR_CACHE_SIZE:
-        _descriptor_cache.clear()
-    _descriptor_cache[key] = (tensors, tensors[0].data_ptr(), value)
+    content = content(value) if callable(content) else content
+    check = _validator(tensors, content)
+    if check is not None:
+        if len(_descriptor_cache) >= _DESCRIPTOR_CACHE_SIZE:
+            _descriptor_cache.clear()
+        layout = None if content or check is _layout else _layout(tensors)
+        _descriptor_cache[key] = (tensors, check(tensors), value, check, layout)
     return value
 
 
@@ -448,7 +491,7 @@ def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device) -
         ready = _ready(sign_method, device, torch.uint8)
         if ready is sign_method:
             return _SIGN_PER_SLOT, _cached(("sign", id(ready), id(mesh_idx)), (ready, mesh_idx),
-                                           lambda: _checked_slot_signs(ready, mesh_idx))
+                                           lambda: _checked_slot_signs(ready, mesh_idx), content=True)
         return _SIGN_PER_SLOT, _checked_slot_signs(ready, mesh_idx)
     method = SignMethod.parse(sign_method)
     if method == SignMethod.WINDING_NUMBER:
@@ -489,7 +532,13 @@ def _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, d
     tensors = (mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh)
     # The entry keeps the tensors it describes (converted copies included) alive.
     return _cached(("world", device) + tuple(map(id, tensors)), tensors,
-                   lambda: _world_descriptors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device))[0]
+                   lambda: _world_descriptors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device),
+                   content=lambda built: _converted(built[0], tensors))[0]
+
+
+def _converted(descriptors, tensors) -> bool:
+    """Whether any descriptor describes a converted copy rather than its tensor's own memory."""
+    return any(d.data != _data_ptr(t) for d, t in zip(descriptors, tensors))
 
 
 def _world_descriptors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device) -> tuple:
@@ -508,7 +557,9 @@ def _world_descriptors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, dev
                          "the world and the spheres must share a device")
     ready = (_ready(mesh_idx, device, torch.int64), _ready(mesh_pose_inverse, device, torch.float32),
              _ready(mesh_enable, device, torch.uint8), _ready(n_env_mesh.reshape(-1), device, torch.int32))
-    return tuple(_as_warp(t) for t in ready), ready
+    # Owning descriptors: an entry that is not kept (see _validator) must still keep converted
+    # copies alive until the launch.
+    return tuple(map(_owning, ready)), ready
 
 
 def _env_tensor(env_query_idx, batch: int, device: torch.device) -> tuple[torch.Tensor, int]:
@@ -540,9 +591,11 @@ def _env_query(env_query_idx, batch: int, device: torch.device):
 
 # Launch arguments that callers keep across calls: the three scalar tensors, the four world
 # tensors and the sign arguments, validated and converted together once per set of tensors
-# (keyed by identities, checked against the data pointers as _cached does).
+# (keyed by identities, checked against every tensor as _cached does).
 _constant_sets: dict = {}
-_data_ptr = torch.Tensor.data_ptr
+# (device, the eight arguments, entry) of the last set served: a caller repeating its arguments
+# (the common case) skips building and hashing the key; the entry is checked all the same.
+_last_set: tuple | None = None
 _WINDING = int(SignMethod.WINDING_NUMBER)
 
 
@@ -565,6 +618,14 @@ def _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_po
 
 def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
                   sign_method, device: torch.device) -> tuple:
+    global _last_set
+    last = _last_set
+    if last is not None and last[1] is weight and last[2] is activation_distance and last[3] is max_dist \
+            and last[4] is mesh_idx and last[5] is mesh_pose_inverse and last[6] is mesh_enable \
+            and last[7] is n_env_mesh and last[8] is sign_method and last[0] == device:
+        entry = last[9]
+        if entry[3](entry[0]) == entry[1]:
+            return entry[2]
     per_slot = isinstance(sign_method, torch.Tensor)
     key = (device, id(weight), id(activation_distance), id(max_dist), id(mesh_idx), id(mesh_pose_inverse),
            id(mesh_enable), id(n_env_mesh), id(sign_method) if per_slot else sign_method)
@@ -572,8 +633,20 @@ def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inv
         entry = _constant_sets.get(key)
     except TypeError:  # an unhashable sign_method: SignMethod.parse below says what is wrong
         entry = key = None
-    if entry is not None and tuple(map(_data_ptr, entry[0])) == entry[1]:
-        return entry[2]
+    if entry is not None:
+        kept, signature, values, check, layout, content_at = entry
+        now = check(kept)
+        if now != signature:
+            # Values written in place keep the entry when none of them was read to build it
+            # (the per-slot signs and mesh ids for the winding-number check, converted copies).
+            if layout is None or any(now[1][i] != signature[1][i] for i in content_at) or _layout(kept) != layout:
+                entry = None
+            else:
+                _constant_sets[key] = entry = (kept, now, values, check, layout, content_at)
+        if entry is not None:
+            _last_set = (device, weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
+                         n_env_mesh, sign_method, entry)
+            return values
     values = (_scalar_warp(weight, device), _scalar_warp(activation_distance, device), _scalar_warp(max_dist, device),
               *_check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device),
               *_sign_arguments(sign_method, mesh_idx, device),
@@ -585,9 +658,16 @@ def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inv
             and (sign_method.dtype == torch.uint8 and sign_method.is_contiguous() if per_slot else values[7] != _WINDING):
         tensors = (weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh)
         tensors += (sign_method,) if per_slot else ()
-        if len(_constant_sets) >= _DESCRIPTOR_CACHE_SIZE:
-            _constant_sets.clear()
-        _constant_sets[key] = (tensors, tuple(map(_data_ptr, tensors)), values)
+        # Positions of the tensors whose values the entry depends on.
+        content_at = ((3, 7) if per_slot else ()) + ((3, 4, 5, 6) if _converted(values[3:7], tensors[3:7]) else ())
+        check = _validator(tensors, bool(content_at))
+        if check is not None:
+            if len(_constant_sets) >= _DESCRIPTOR_CACHE_SIZE:
+                _constant_sets.clear()
+            layout = _layout(tensors) if check is _tracked else None
+            _constant_sets[key] = entry = (tensors, check(tensors), values, check, layout, content_at)
+            _last_set = (device, weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
+                         n_env_mesh, sign_method, entry)
     return values
 
 
@@ -739,7 +819,7 @@ def launch_swept_sphere_cost(
     enable_speed_metric: bool = False, env_query_idx=None, compute_grad: bool = True,
     sign_method=SignMethod.AUTO, out_evaluations: torch.Tensor | None = None,
 ) -> SweptPartials | None:
-    """Fill the outputs with SweptSdfMeshWarpPy's cost (design.md section 4).
+    """Fill the outputs with SweptSdfMeshWarpPy's cost (docs/design.md "Swept cost").
 
     out_cost[t] = cost_t (b,h,n); out_grad[..., :3] = d (sum_t' cost_t') / d p[t] (b,h,n,4), the
     gradient of the summed cost that cuRobo-style callers read directly (zero-filled unless
@@ -1048,7 +1128,7 @@ _sdf_apply = _internals.direct_apply(_SdfMeshWarpPy)
 
 
 class SdfMeshWarpPy(_SdfMeshWarpPy):
-    """Collision cost of spheres against the meshes of a world (design.md sections 3-4).
+    """Collision cost of spheres against the meshes of a world (docs/design.md "Tensor layouts", "Cost definition").
 
     ``apply`` returns out_cost as cuRobo's does. Inside, forward returns (out_cost, out_grad), the
     gradient a non-differentiable second output, so that torch.func sees it at every level.
@@ -1182,7 +1262,7 @@ _swept_apply = _internals.direct_apply(_SweptSdfMeshWarpPy)
 
 
 class SweptSdfMeshWarpPy(_SweptSdfMeshWarpPy):
-    """Swept collision cost along trajectories (b, h steps, n spheres) (design.md section 4).
+    """Swept collision cost along trajectories (b, h steps, n spheres) (docs/design.md "Swept cost").
 
     cost_t depends on p[t-1], p[t] and p[t+1]. out_grad holds, per sphere, the gradient of the
     summed cost (what cuRobo-style MPCs read); backward applies the chain rule for any

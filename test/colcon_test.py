@@ -25,6 +25,9 @@ WORKSPACE = rh.REPO / "build" / "colcon_ws"
 INSTALL = WORKSPACE / "install"
 DOMAIN = rh.domain_id(89)  # 61 is demo_test's
 PACKAGES = ("robot_sdf", "robot_sdf_interfaces")
+# The module fixture builds the workspace (a 600 s limit per attempt, at most two attempts)
+# inside the first test's time limit.
+pytestmark = pytest.mark.timeout(1800)
 
 
 def colcon_command() -> list[str]:

@@ -3,7 +3,7 @@
 - keeps DDS discovery on loopback for every test process (set before anything imports ROS);
 - initialises Warp quietly once;
 - `device`: "cpu" always, "cuda:0" only when both torch and Warp see a CUDA device;
-- `build_warp_env`: Warp meshes and the fixed kernel tensors of design.md section 3 built directly
+- `build_warp_env`: Warp meshes and the fixed kernel tensors of docs/design.md "Tensor layouts" built directly
   with Warp from reference meshes, so SdfMeshWarpPy is tested without MeshWorld.
 """
 

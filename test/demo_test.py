@@ -33,6 +33,8 @@ DEMO_PARAMS = REPO / "config" / "demo_sdf_server.yaml"
 MAX_STEPS = 260
 FIGURES = ("top_view.png", "distance_slice.png", "clearance.png", "node_distance_slice.png")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# Module fixtures run whole demos (the ROS one alone has 240 s) inside the first test's limit.
+pytestmark = pytest.mark.timeout(900)
 
 
 def _domain_id() -> int:

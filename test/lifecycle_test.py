@@ -90,20 +90,20 @@ def test_transitions_over_lifecycle_services(tmp_path):
         rh.wait_for_matched(node.mesh_pub)
         v, t = ref.box(BOX)
         node.mesh_pub.publish(make_mesh_obstacle("topic_box", v, t, TOPIC_POSE))
-        rh.wait_until(lambda: np.allclose(node.distance(probes), np.minimum(both_d, 1.0), atol=1e-4), 10.0,
+        rh.wait_until(lambda: np.allclose(node.distance(probes), np.minimum(both_d, 1.0), atol=1e-4), 60.0,
                       what="the topic mesh")
         assert node.query(probes)[1] == 2  # scene (1), topic_box (2)
 
         assert node.transition(Transition.TRANSITION_DEACTIVATE)
         assert node.state() == State.PRIMARY_STATE_INACTIVE
-        rh.wait_until(lambda: not node.services_up(), 10.0, what="the services to close")
-        rh.wait_until(lambda: node.mesh_pub.get_subscription_count() == 0, 10.0, what="the subscription to close")
+        rh.wait_until(lambda: not node.services_up(), 60.0, what="the services to close")
+        rh.wait_until(lambda: node.mesh_pub.get_subscription_count() == 0, 60.0, what="the subscription to close")
 
         # the world survives deactivate/activate: the new subscription gets topic_box again from
         # the transient_local topic, which replaces it in the kept world (revision 2 -> 3)
         assert node.transition(Transition.TRANSITION_ACTIVATE)
         rh.wait_for_services(node.proc, [node.sd])
-        rh.wait_until(lambda: node.query(probes)[1] == 3, 10.0, what="revision 3 of the kept world")
+        rh.wait_until(lambda: node.query(probes)[1] == 3, 60.0, what="revision 3 of the kept world")
         np.testing.assert_allclose(node.distance(probes), np.minimum(both_d, 1.0), atol=1e-4)
 
         assert node.transition(Transition.TRANSITION_DEACTIVATE)
@@ -114,7 +114,7 @@ def test_transitions_over_lifecycle_services(tmp_path):
         assert node.transition(Transition.TRANSITION_CONFIGURE)
         assert node.transition(Transition.TRANSITION_ACTIVATE)
         rh.wait_for_services(node.proc, [node.sd])
-        rh.wait_until(lambda: np.allclose(node.distance(probes), np.minimum(both_d, 1.0), atol=1e-4), 10.0,
+        rh.wait_until(lambda: np.allclose(node.distance(probes), np.minimum(both_d, 1.0), atol=1e-4), 60.0,
                       what="the scene and the re-delivered topic mesh")
         assert node.query(probes)[1] == 2  # a new world: scene (1), topic_box (2)
 

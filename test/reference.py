@@ -2,7 +2,7 @@
 
 Nothing here imports Warp or robot_sdf: every value the core computes is re-derived from first
 principles (Ericson's closest point on a triangle, the generalized winding number, the cost
-formula of design.md section 4, the swept rule and the CHOMP speed metric), in float64.
+formula of docs/design.md "Cost definition", the swept rule and the CHOMP speed metric), in float64.
 
 Conventions: quaternions are (w, x, y, z); a pose is (x, y, z, qw, qx, qy, qz) and maps mesh
 coordinates into the world: p_world = R(q) p_mesh + t. Distances are in metres.
@@ -367,7 +367,7 @@ class RefMesh:
 
 
 # --------------------------------------------------------------------------------------------
-# cost (design.md section 4)
+# cost (docs/design.md "Cost definition")
 # --------------------------------------------------------------------------------------------
 
 
@@ -500,7 +500,7 @@ def swept_sphere_partials(spheres: np.ndarray, envs: list[list[RefMesh]], eta: f
                           weight: float = 1.0, max_dist: float = 0.5, sweep_steps: int = 1,
                           speed_dt: float = 0.1, enable_speed_metric: bool = False, env_index=None,
                           samples_out: list | None = None):
-    """Reference of the swept cost of design.md section 4 and its exact partial derivatives.
+    """Reference of the swept cost of docs/design.md "Swept cost" and its exact partial derivatives.
 
     Every sample is evaluated (no sphere-tracing skips: a correct kernel skips only samples whose
     cost is 0, so it must agree). spheres (b,h,n,4). Returns cost (b,h,n) and the partials
@@ -583,7 +583,7 @@ def swept_sphere_cost(spheres: np.ndarray, envs: list[list[RefMesh]], eta: float
 
 def speed_metric(cost: np.ndarray, grad: np.ndarray, positions: np.ndarray, dt: float,
                  return_mask: bool = False):
-    """CHOMP speed metric of design.md section 4, applied for 0 < t < h-1 where cost > 0.
+    """CHOMP speed metric of docs/design.md "Swept cost", applied for 0 < t < h-1 where cost > 0.
 
     cost (b,h,n), grad (b,h,n,3), positions (b,h,n,3), dt seconds. Returns new (cost, grad);
     the first and last steps are returned unchanged. With return_mask, a third element (b,h,n)

@@ -260,7 +260,7 @@ def test_self_collision_pairs_and_cost(toy):
     # structurally, so that is the one pair.
     pairs = robot.self_collision_pairs(samples=200)
     assert pairs.tolist() == [[0, 3]]
-    # The cost against design.md's penetration formula, in numpy, for touching and apart spheres.
+    # The cost against the penetration formula of docs/design.md "Cost definition", in numpy, for touching and apart spheres.
     rng = np.random.default_rng(5)
     s = torch.tensor(rng.uniform(-0.05, 0.05, size=(6, 4, 4)), requires_grad=True)
     with torch.no_grad():

@@ -54,7 +54,7 @@ class Harness:
         rh.wait_for_services(self.node, [self.sphere, self.swept, self.sd])
         self.mesh_pub.publish(make_mesh_obstacle("good", BOX_V, BOX_T, GOOD_POSE))
         self.mesh_pub.publish(make_mesh_obstacle("good1", BOX_V, BOX_T, GOOD_POSE, env=1))
-        rh.wait_until(lambda: self.revision() == 2, 10.0, what="both good meshes")
+        rh.wait_until(lambda: self.revision() == 2, 60.0, what="both good meshes")
         rh.wait_for_matched(self.pose_pub)
 
     def revision(self) -> int:
@@ -221,7 +221,7 @@ def test_bad_messages_change_nothing(harness):
             time.sleep(0.05)
             return len(harness.rejections()) > before
 
-        rh.wait_until(rejected, 10.0, what=f"rejection of '{label}'")
+        rh.wait_until(rejected, 60.0, what=f"rejection of '{label}'")
         new = harness.rejections()[before:]
         assert any(reason in line for line in new), f"{label}: expected '{reason}' in {new}"
         after = harness.results()
@@ -408,10 +408,22 @@ def test_cuda_without_gpu_is_a_config_error(ros_context):
 def test_a_stream_of_identical_bad_poses_is_logged_once_per_second(harness):
     before = len(harness.rejections())
     msg = make_obstacle_pose("stream_ghost", GOOD_POSE)
-    for _ in range(20):
+    n = 50
+    t0 = time.monotonic()
+    for _ in range(n):
         harness.pose_pub.publish(msg)
-        time.sleep(0.005)
-    rh.wait_until(lambda: len(harness.rejections()) > before, 10.0, what="the first rejection")
-    time.sleep(0.5)
+    # The node handles one topic's messages in order: once a later, different rejection is in the
+    # log, every stream_ghost pose that arrived has been handled.
+    end = make_obstacle_pose("stream_end", GOOD_POSE)
+
+    def end_seen():
+        harness.pose_pub.publish(end)  # best effort: repeat until the node saw it
+        time.sleep(0.05)
+        return any("stream_end" in line for line in harness.rejections()[before:])
+
+    rh.wait_until(end_seen, 60.0, what="the rejection after the stream")
+    elapsed = time.monotonic() - t0
     lines = [line for line in harness.rejections()[before:] if "stream_ghost" in line]
-    assert 1 <= len(lines) <= 3, lines  # 20 rejections within ~0.1 s, not 20 log lines
+    # Logged lines of one rejection are at least a second apart (the node's clock), and all of
+    # them were logged within the `elapsed` seconds measured here: n rejections, not n lines.
+    assert 1 <= len(lines) <= 1 + int(elapsed) and len(lines) < n, (elapsed, lines)

@@ -37,7 +37,7 @@ def setup(tmp_path_factory):
     try:
         # the default context, as an MPC script would have it; SdfClient() creates its node there
         rclpy.init(domain_id=DOMAIN)
-        client = SdfClient(timeout_s=10.0)
+        client = SdfClient(timeout_s=60.0)
         deadline = time.monotonic() + rh.SERVICE_TIMEOUT_S
         while not client.wait_for_services(0.5):
             assert node.alive(), node.log()
@@ -45,7 +45,7 @@ def setup(tmp_path_factory):
         pub = harness.publisher(MeshObstacle, "/sdf_server/mesh_obstacles", rh.MESH_QOS)
         v, t = ref.box(BOX)
         pub.publish(make_mesh_obstacle("box", v, t, POSE))
-        rh.wait_until(lambda: client.signed_distance(torch.zeros(1, 3)).world_revision == 1, 10.0,
+        rh.wait_until(lambda: client.signed_distance(torch.zeros(1, 3)).world_revision == 1, 60.0,
                       what="the box")
         world = MeshWorld(device="cpu", num_envs=2, sign_method="normal", max_distance=0.5)
         world.add_mesh("box", v, t, POSE)
@@ -117,11 +117,11 @@ def test_async_calls(setup):
     dist = client.signed_distance_async(torch.tensor([[0.0, 0.0, 0.5], [0.0, 0.0, 0.0]]))
     assert all(isinstance(f, concurrent.futures.Future) for f in futures)
     for s, f in zip(batches, futures):
-        res = f.result(timeout=10)
+        res = f.result(timeout=60)
         assert torch.equal(res.cost, client.sphere_cost(s).cost)
         torch.testing.assert_close(res.gradient, client.sphere_cost(s).gradient)
-    assert torch.equal(swept.result(timeout=10).cost, client.swept_sphere_cost(batches[0], sweep_steps=2).cost)
-    np.testing.assert_allclose(dist.result(timeout=10).distance.numpy(), [-0.1, 0.4], atol=1e-5)
+    assert torch.equal(swept.result(timeout=60).cost, client.swept_sphere_cost(batches[0], sweep_steps=2).cost)
+    np.testing.assert_allclose(dist.result(timeout=60).distance.numpy(), [-0.1, 0.4], atol=1e-5)
 
 
 def test_autograd_functions(setup):
@@ -165,7 +165,7 @@ def test_errors_raise(setup):
         client.sphere_cost(_spheres(1), env_index=[0, 5, 0])
     fut = client.sphere_cost_async(_spheres(1, b=2), env_index=[0])
     with pytest.raises(SdfServiceError, match="one entry per batch row"):
-        fut.result(timeout=10)
+        fut.result(timeout=60)
     with pytest.raises(SdfServiceError, match="exceeds max_sweep_steps"):
         client.swept_sphere_cost(_spheres(1), sweep_steps=1000)
     with pytest.raises(SdfServiceError, match="env 7 out of range"):
@@ -184,9 +184,10 @@ def test_errors_raise(setup):
         t0 = time.monotonic()
         with pytest.raises(SdfServiceError, match="timeout"):
             lost.sphere_cost(_spheres(1))
-        assert time.monotonic() - t0 < 2.0
+        # honoured (0.3 s), not hanging: a generous bound that a loaded machine still meets
+        assert time.monotonic() - t0 < 30.0
         with pytest.raises(SdfServiceError, match="timeout"):
-            lost.signed_distance_async(torch.zeros(1, 3)).result(timeout=5)
+            lost.signed_distance_async(torch.zeros(1, 3)).result(timeout=60)
     finally:
         lost.close()
     lost.close()  # idempotent
@@ -196,8 +197,8 @@ def test_errors_raise(setup):
 
 def test_client_on_a_given_node(setup):
     harness, client, _ = setup
-    with SdfClient(node=harness.node, timeout_s=5.0) as own:
-        assert own.wait_for_services(5.0)
+    with SdfClient(node=harness.node, timeout_s=60.0) as own:
+        assert own.wait_for_services(60.0)
         s = _spheres(8)
         assert torch.equal(own.sphere_cost(s).cost, client.sphere_cost(s).cost)
 

@@ -92,20 +92,27 @@ class Frontend:
 
         Mesh updates are queued and every copy is applied in order, so copies sent while the first
         was still being applied would land after a later pose message and undo it: for the mesh
-        topic, also wait until the revision has been still for a second (the queue is drained)."""
-        before = self.revision()
-        applied = rh.wait_until(lambda: publisher.publish(msg) or (self.revision() > before and self.revision()),
-                                10.0, interval=0.1, what="the update to apply")
-        if publisher is self.mesh_pub:
-            history = [(time.monotonic(), self.revision())]
+        topic, also wait until the node has received every copy sent and its queue is empty."""
+        mesh = publisher is self.mesh_pub
+        if mesh:
+            base = int(_values(self.status(lambda s: True, timeout=60.0))["updates_enqueued"])
+        before, sent = self.revision(), [0]
 
-            def settled():
-                now, rev = time.monotonic(), self.revision()
-                if rev != history[-1][1]:
-                    history.append((now, rev))
-                return now - history[-1][0] >= 1.0 and rev
+        def send():
+            publisher.publish(msg)
+            sent[0] += 1
 
-            applied = rh.wait_until(settled, 15.0, interval=0.1, what="the mesh update queue to drain")
+        applied = rh.wait_until(lambda: send() or (self.revision() > before and self.revision()),
+                                60.0, interval=0.1, what="the update to apply")
+        if mesh:
+            def drained(status):
+                v = _values(status)
+                enqueued = int(v["updates_enqueued"])
+                return enqueued >= base + sent[0] and v["updates_pending"] == "0" \
+                    and enqueued == int(v["updates_applied"]) + int(v["updates_coalesced"])
+
+            self.status(drained, timeout=60.0)
+            applied = self.revision()
         return applied
 
     def set_parameter(self, name: str, value) -> tuple[bool, str]:
@@ -117,7 +124,7 @@ class Frontend:
         (result,) = resp.results
         return result.successful, result.reason
 
-    def status(self, predicate, timeout=10.0) -> DiagnosticStatus:
+    def status(self, predicate, timeout=60.0) -> DiagnosticStatus:
         """The first status of this node, published from now on, that satisfies predicate."""
         def ours(arr):
             return next((s for s in arr.status if s.name == "sdf_server: mesh world"), None)
@@ -204,7 +211,7 @@ def test_unresolvable_frames_are_rejected_and_change_nothing(frontend):
                                                                    "cannot transform header.frame_id 'lidar'"),
     ):
         frontend.mesh_pub.publish(msg)
-        rh.wait_until(lambda: text in frontend.node.log(), 10.0, what=f"rejection '{text}'")
+        rh.wait_until(lambda: text in frontend.node.log(), 60.0, what=f"rejection '{text}'")
     # tf2_ros and the built-in buffer word it differently; both name the frame and the reason class
     lines = [ln for ln in frontend.node.log().splitlines() if "cannot transform header.frame_id 'lidar'" in ln]
     assert lines and all("unknown frame: " in ln and "lidar" in ln.split("unknown frame: ", 1)[1]
@@ -226,7 +233,7 @@ def test_rviz_config_names_only_topics_the_node_publishes(frontend):
     displays = [d for d in data["Visualization Manager"]["Displays"] if "Topic" in d]
     assert len(displays) == 2
     node = frontend.harness.node
-    published = rh.wait_until(lambda: dict(node.get_publisher_names_and_types_by_node("sdf_server", "/")), 10.0)
+    published = rh.wait_until(lambda: dict(node.get_publisher_names_and_types_by_node("sdf_server", "/")), 60.0)
     for d in displays:
         topic = d["Topic"]["Value"]
         assert topic in published, f"rviz shows {topic}, the node publishes {sorted(published)}"
@@ -235,13 +242,17 @@ def test_rviz_config_names_only_topics_the_node_publishes(frontend):
         # data may lag, and another test process may share the ROS domain)
         if d["Topic"]["Durability Policy"] == "Transient Local":
             rh.wait_until(lambda: any(i.qos_profile.durability == DurabilityPolicy.TRANSIENT_LOCAL
-                                      for i in node.get_publishers_info_by_topic(topic)), 10.0,
+                                      for i in node.get_publishers_info_by_topic(topic)), 60.0,
                           what=f"a transient_local publisher of {topic}")
         else:
             assert d["Topic"]["Durability Policy"] == "Volatile"
     markers = next(d for d in displays if d["Topic"]["Value"] == "/sdf_server/markers")
     # late viewers need the history: Transient Local, and a depth that holds all of it
     assert markers["Topic"]["Durability Policy"] == "Transient Local" and markers["Topic"]["Depth"] >= 10
+
+
+def _values(status: DiagnosticStatus) -> dict[str, str]:
+    return {kv.key: kv.value for kv in status.values}
 
 
 def _replay(arrays: list[MarkerArray]) -> dict[tuple[str, int], Marker]:
@@ -259,18 +270,23 @@ def _replay(arrays: list[MarkerArray]) -> dict[tuple[str, int], Marker]:
 def test_a_viewer_started_later_receives_the_whole_scene(frontend):
     """An rviz restart while another viewer runs: the newcomer gets the topic history only."""
     first_viewer = frontend.harness.subscribe(MarkerArray, "/sdf_server/markers", rh.MARKER_QOS)
-    rh.wait_until(lambda: first_viewer.snapshot(), 10.0, what="the first viewer's markers")
+    rh.wait_until(lambda: first_viewer.snapshot(), 60.0, what="the first viewer's markers")
     v, t = ref.box(BOX)
     frontend.publish_until_applied(frontend.mesh_pub, make_mesh_obstacle("late_a", v, t, [0.0, 6.0, 0.5, 1, 0, 0, 0]))
     frontend.publish_until_applied(frontend.mesh_pub, make_mesh_obstacle("late_b", v, t, [1.0, 6.0, 0.5, 1, 0, 0, 0]))
     frontend.publish_until_applied(frontend.mesh_pub, make_mesh_obstacle("late_b", None, None,
                                                                           operation=MeshObstacle.REMOVE))
     # more marker updates than the topic keeps: each MOVE is its own update (20 Hz timer)
+    def first_viewer_shows(y):
+        state = {m.text: m for m in _replay(first_viewer.snapshot()).values() if m.type == Marker.TRIANGLE_LIST}
+        return "late_a" in state and abs(state["late_a"].pose.position.y - y) < 1e-6
+
     for k in range(15):
+        y = 6.0 + 0.01 * (k + 1)
         frontend.publish_until_applied(frontend.mesh_pub, make_mesh_obstacle(
-            "late_a", None, None, [0.0, 6.0 + 0.01 * (k + 1), 0.5, 1, 0, 0, 0], operation=MeshObstacle.MOVE))
-        time.sleep(0.06)
-    time.sleep(0.3)
+            "late_a", None, None, [0.0, y, 0.5, 1, 0, 0, 0], operation=MeshObstacle.MOVE))
+        # its own marker update: the next MOVE only once this one has been published
+        rh.wait_until(lambda: first_viewer_shows(y), 60.0, what=f"the marker of MOVE {k}")
     viewer = frontend.harness.subscribe(MarkerArray, "/sdf_server/markers", rh.MARKER_QOS)
 
     def late_state():
@@ -279,7 +295,7 @@ def test_a_viewer_started_later_receives_the_whole_scene(frontend):
         return state if late_a is not None and late_a.pose.position.y == pytest.approx(6.15) else None
 
     # the history arrives at once; under load the last MOVE may still be on its way, live
-    shown = rh.wait_until(late_state, 10.0, what="the late viewer's scene")
+    shown = rh.wait_until(late_state, 60.0, what="the late viewer's scene")
     first = {m.text: m for m in _replay(first_viewer.snapshot()).values() if m.type == Marker.TRIANGLE_LIST}
     assert set(first) == set(shown)  # both viewers show the same scene
     # 'tracked' (scene) was last sent long before: only a full update in the history carries it
@@ -291,20 +307,20 @@ def test_a_viewer_started_later_receives_the_whole_scene(frontend):
 
 
 def test_diagnostics_report_problems_with_reasons_and_recover(frontend):
-    ok = frontend.status(lambda s: s.level == DiagnosticStatus.OK, timeout=WINDOW_S + 10)
+    ok = frontend.status(lambda s: s.level == DiagnosticStatus.OK, timeout=WINDOW_S + 60)
     assert "meshes, revision" in ok.message
     frontend.mesh_pub.publish(make_mesh_obstacle("bad", np.full((4, 3), np.nan), [[0, 1, 2]]))
     warn = frontend.status(lambda s: s.level == DiagnosticStatus.WARN and "rejected message" in s.message)
     assert "MeshObstacle ADD 'bad' env 0: vertices: vertex 0 is not finite" in warn.message
     assert {kv.key: kv.value for kv in warn.values}["recent_rejected_messages"] == "1"
-    frontend.status(lambda s: s.level == DiagnosticStatus.OK, timeout=WINDOW_S + 10)
+    frontend.status(lambda s: s.level == DiagnosticStatus.OK, timeout=WINDOW_S + 60)
 
     # a refused request
     req = EvaluateSphereCost.Request(batch=0, horizon=1, spheres_per_step=1)
     assert not frontend.harness.call(frontend.cost, req).success
     warn = frontend.status(lambda s: s.level == DiagnosticStatus.WARN and "failed request" in s.message)
     assert "evaluate_sphere_cost: batch, horizon and spheres_per_step must be > 0" in warn.message
-    frontend.status(lambda s: s.level == DiagnosticStatus.OK, timeout=WINDOW_S + 10)
+    frontend.status(lambda s: s.level == DiagnosticStatus.OK, timeout=WINDOW_S + 60)
 
     # slow requests, with the threshold set at run time
     assert frontend.set_parameter("slow_request_ms", 1e-3) == (True, "")
@@ -314,7 +330,7 @@ def test_diagnostics_report_problems_with_reasons_and_recover(frontend):
         assert "query_signed_distance:" in warn.message and "> 0.0 ms" in warn.message
     finally:
         assert frontend.set_parameter("slow_request_ms", 0.0) == (True, "")
-    frontend.status(lambda s: s.level == DiagnosticStatus.OK, timeout=WINDOW_S + 10)
+    frontend.status(lambda s: s.level == DiagnosticStatus.OK, timeout=WINDOW_S + 60)
 
 
 def _cost(frontend, weight: float) -> float:
@@ -361,10 +377,10 @@ def test_slice_settings_change_at_run_time(frontend):
         z = next(f for f in msg.fields if f.name == "z")
         return raw[:, z.offset:z.offset + 4].copy().view(np.float32)
 
-    clouds.wait_for(lambda m: np.allclose(z_values(m), 0.0), 10.0)
+    clouds.wait_for(lambda m: np.allclose(z_values(m), 0.0), 60.0)
     assert frontend.set_parameter("slice_offset", 0.7) == (True, "")
     assert frontend.set_parameter("slice_resolution", 0.5) == (True, "")
-    msg = clouds.wait_for(lambda m: np.allclose(z_values(m), 0.7) and m.width == 25, 10.0)  # 2 m / 0.5 m + 1 = 5 per side
+    msg = clouds.wait_for(lambda m: np.allclose(z_values(m), 0.7) and m.width == 25, 60.0)  # 2 m / 0.5 m + 1 = 5 per side
     assert msg.header.frame_id == "world"
 
 

@@ -31,7 +31,7 @@ import reference as ref  # noqa: E402
 from robot_sdf.ros.server_process import ServerProcess  # noqa: E402
 
 NODE = "/sdf_server"
-SERVICE_TIMEOUT_S = 30.0
+SERVICE_TIMEOUT_S = 60.0
 MESH_QOS = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE,
                       durability=DurabilityPolicy.TRANSIENT_LOCAL)
 # what a viewer of ~/markers asks for (config/robot_sdf.rviz): the node keeps 10 messages
@@ -81,7 +81,7 @@ class Collector:
         with self._lock:
             return list(self.messages)
 
-    def wait_for(self, predicate: Callable[[Any], bool], timeout: float = 10.0):
+    def wait_for(self, predicate: Callable[[Any], bool], timeout: float = 60.0):
         """First message (newest first) satisfying predicate, or AssertionError after timeout."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -121,7 +121,7 @@ class RosHarness:
     def client(self, srv_type, name: str):
         return self.node.create_client(srv_type, name)
 
-    def call(self, client, request, timeout: float = 20.0):
+    def call(self, client, request, timeout: float = 60.0):
         event = threading.Event()
         future = client.call_async(request)
         future.add_done_callback(lambda _: event.set())
@@ -149,7 +149,7 @@ class RosHarness:
         self._thread.join(timeout=5.0)
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05,
+def wait_until(predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.05,
                what: str = "condition"):
     """Poll ``predicate`` until it returns a truthy value; return it or raise AssertionError."""
     deadline = time.monotonic() + timeout
@@ -162,7 +162,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: fl
         time.sleep(interval)
 
 
-def wait_for_matched(publisher, timeout: float = 10.0) -> None:
+def wait_for_matched(publisher, timeout: float = 60.0) -> None:
     wait_until(lambda: publisher.get_subscription_count() > 0, timeout, what="a matched subscriber")
 
 

@@ -50,7 +50,7 @@ class Node:
         return self.query([100.0, 100.0, 100.0])[1]
 
     def diagnostics(self) -> dict[str, str]:
-        msg = self.diag.wait_for(lambda m: any(s.name.endswith("mesh world") for s in m.status), 10.0)
+        msg = self.diag.wait_for(lambda m: any(s.name.endswith("mesh world") for s in m.status), 60.0)
         return {kv.key: kv.value for kv in msg.status[0].values}
 
     def settled(self, enqueued: int, timeout=60.0) -> dict[str, str]:
@@ -95,7 +95,7 @@ def _publisher(node, qos=MESH_OBSTACLE_QOS):
         time.sleep(0.2)
         return f"no mesh '{probe}'" in node.node.log()
 
-    rh.wait_until(seen, 20.0, 0.0, what="the node's reader to match the publisher")
+    rh.wait_until(seen, 60.0, 0.0, what="the node's reader to match the publisher")
     return pub
 
 
@@ -178,15 +178,15 @@ def test_same_topology_add_refits_over_ros(node):
     pub = _publisher(node)
     v, t = ref.box((0.2, 0.2, 0.2))
     pub.publish(make_mesh_obstacle("deform", v, t, _pose(0.0, -20.0)))
-    rh.wait_until(lambda: "MeshObstacle ADD 'deform'" in node.node.log(), 10.0, what="the first ADD")
+    rh.wait_until(lambda: "MeshObstacle ADD 'deform'" in node.node.log(), 60.0, what="the first ADD")
     rev = node.revision()
     # identical triangles, new vertices and pose -> refit (waited for: a second ADD queued behind
     # it would supersede it)
     pub.publish(make_mesh_obstacle("deform", v * 1.5, t, _pose(0.1, -20.0)))
-    rh.wait_until(lambda: node.revision() >= rev + 1, 10.0, what="the first refit")
+    rh.wait_until(lambda: node.revision() >= rev + 1, 60.0, what="the first refit")
     # vertices only (triangles empty) -> refit
     pub.publish(make_mesh_obstacle("deform", v * 2.0, None, _pose(0.2, -20.0)))
-    rh.wait_until(lambda: node.revision() >= rev + 2, 10.0, what="two refits")
+    rh.wait_until(lambda: node.revision() >= rev + 2, 60.0, what="two refits")
     log = node.node.log()
     assert log.count("same topology: refit") >= 2, log[-2000:]
     pts = np.array([[0.2, -20.0, 0.0], [0.2 + 0.5, -20.0, 0.1], [0.2, -20.0 + 0.3, 0.0]])
@@ -196,7 +196,7 @@ def test_same_topology_add_refits_over_ros(node):
     # vertices only with a different vertex count: rejected, nothing changes
     before = node.revision()
     pub.publish(make_mesh_obstacle("deform", TETRA_V, None, _pose(0.0, -20.0)))
-    rh.wait_until(lambda: "use add_mesh to change topology" in node.node.log(), 10.0, what="the rejection")
+    rh.wait_until(lambda: "use add_mesh to change topology" in node.node.log(), 60.0, what="the rejection")
     assert node.revision() == before
 
 
@@ -205,7 +205,7 @@ def test_oversized_mesh_is_rejected_before_conversion(node):
     before = node.revision()
     v = np.zeros((2_000_001, 3), np.float32)
     pub.publish(make_mesh_obstacle("huge", v, TETRA_T, _pose(0.0)))
-    rh.wait_until(lambda: "more than max_vertices_per_mesh" in node.node.log(), 20.0, what="the size rejection")
+    rh.wait_until(lambda: "more than max_vertices_per_mesh" in node.node.log(), 60.0, what="the size rejection")
     assert node.revision() == before
 
 
@@ -223,7 +223,6 @@ def test_memory_returns_after_removing_big_meshes(node):
     (its byte bound is tested in world_memory_test.py). bench/soak.py --only memory runs
     40 x 200k with the default cache."""
     pub = _publisher(node)
-    time.sleep(0.5)
     start = _rss_mb(node.node.proc.pid)
     n = 224  # sheet of 2 * 224^2 = 100k triangles
     x, y = np.meshgrid(np.linspace(0, 1, n + 1), np.linspace(0, 1, n + 1), indexing="ij")
@@ -239,8 +238,12 @@ def test_memory_returns_after_removing_big_meshes(node):
     for i in range(10):
         pub.publish(make_mesh_obstacle(f"big{i}", None, None, operation=MeshObstacle.REMOVE))
     rh.wait_until(lambda: node.revision() >= rev + 20, 60.0, 0.2, what="10 REMOVEs")
-    time.sleep(1.5)  # the heap trim runs shortly after a REMOVE
-    after = _rss_mb(node.node.proc.pid)
-    print(f"node RSS: start {start:.0f} MB, with 10 x 100k triangles {full:.0f} MB, after REMOVE {after:.0f} MB")
     assert full > start + 60  # the meshes did take memory (~10 MB each)
-    assert after < start + 50, (start, full, after)
+    # the heap trim runs shortly after a REMOVE (on a loaded machine, later): poll for it
+    rss = []
+    try:
+        rh.wait_until(lambda: rss.append(_rss_mb(node.node.proc.pid)) or rss[-1] < start + 50, 60.0, 0.2,
+                      what="the node's RSS to return within 50 MB of its start")
+    finally:
+        print(f"node RSS: start {start:.0f} MB, with 10 x 100k triangles {full:.0f} MB, after REMOVE "
+              f"{rss[-1] if rss else float('nan'):.0f} MB")

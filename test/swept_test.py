@@ -1,4 +1,4 @@
-"""SweptSdfMeshWarpPy against the numpy reference of the swept rule (design.md section 4: the
+"""SweptSdfMeshWarpPy against the numpy reference of the swept rule (docs/design.md "Swept cost": the
 time-average of the sphere's cost over its slot, trapezoid weights, exact partial derivatives
 towards both neighbours), finite differences, and the CHOMP speed metric."""
 

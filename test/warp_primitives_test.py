@@ -1,4 +1,4 @@
-"""SdfMeshWarpPy against the independent numpy reference (design.md sections 3 and 4).
+"""SdfMeshWarpPy against the independent numpy reference (docs/design.md "Tensor layouts", "Cost definition").
 
 The Warp meshes and kernel tensors are built directly with Warp (conftest.build_warp_env), so
 these tests do not depend on MeshWorld.

@@ -4,7 +4,7 @@ An ADD of an existing id whose triangles are identical to the ones it has (or th
 vertices only, ``triangles`` empty) keeps the BVH topology: the world refits it
 (MeshWorld.update_vertices, ~10-20x cheaper than a rebuild) and sets the new pose in the same
 revision. Anything else replaces the geometry (a rebuild, or a cached geometry when the content
-was seen before). An ADD keeps a DISABLEd id disabled (design.md section 5).
+was seen before). An ADD keeps a DISABLEd id disabled (docs/design.md "Messages and services").
 """
 from __future__ import annotations
 
