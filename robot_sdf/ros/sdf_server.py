@@ -39,6 +39,7 @@ lifecycle transition.
 """
 from __future__ import annotations
 
+import faulthandler
 import math
 import sys
 import threading
@@ -1075,6 +1076,9 @@ def run_node(node_class: type[Node], args: list[str] | None = None) -> int:
     Shared by the ``sdf_server`` and ``sdf_server_managed`` console scripts.
     """
     use_node_switch_interval()
+    # A crash in native code (rclpy, Warp, torch) then leaves the Python stacks of every thread in
+    # the node's log instead of a bare exit status -11.
+    faulthandler.enable()
     rclpy.init(args=args)
     node: Node | None = None
     executor: MultiThreadedExecutor | None = None
