@@ -62,10 +62,10 @@ class _Geometry:
         self.key = key
         # Private read-only copies: the content key must keep describing what the BVH holds.
         self.vertices = np.array(vertices, dtype=np.float32, copy=True)
-        self.triangles = np.array(triangles, dtype=np.int32, copy=True)
         self.vertices.setflags(write=False)
-        self.triangles.setflags(write=False)
-        self.triangles_digest = _triangles_digest(self.triangles)
+        # The digest of the triangles as given: the content key names the input, whose winding
+        # the stored copy may repair.
+        self.triangles_digest = _triangles_digest(np.asarray(triangles, np.int32))
         v64 = self.vertices.astype(np.float64)
         self.centre = 0.5 * (v64.min(axis=0) + v64.max(axis=0))
         centred = self._centred(self.vertices)
@@ -73,6 +73,13 @@ class _Geometry:
         self.requested = requested
         self.classification: mesh_analysis.MeshClass | None = None
         self.welded = mesh_analysis.weld(self.vertices)
+        # Closed surfaces bound a solid whatever their winding: each edge-connected patch is
+        # oriented consistently, closed ones outward (mesh_analysis.orient_components), on this
+        # private copy, before the sign data and the classification see it.
+        tri_in = np.asarray(triangles, np.int64)
+        facts = mesh_analysis.surface_facts(centred.astype(np.float64), tri_in, self.welded[tri_in])
+        self.triangles, self.orientation = mesh_analysis.orient_components(centred, tri_in, self.welded, facts)
+        self.triangles.setflags(write=False)
         wdev = warp_device(device)
         self.points = wp.array(centred, dtype=wp.vec3, device=wdev)
         self.indices = wp.array(self.triangles.reshape(-1), dtype=wp.int32, device=wdev)
@@ -90,7 +97,8 @@ class _Geometry:
             def factory() -> wp.Mesh:
                 return wp.Mesh(points=self.points, indices=self.indices, velocities=self.velocities)
 
-            self.classification, mesh = mesh_analysis.classify(centred, self.triangles, self.welded, factory)
+            self.classification, mesh = mesh_analysis.classify(centred, self.triangles, self.welded, factory,
+                                                                 facts)
             method = self.classification.method
             _log.info("mesh %r: sign method auto -> %s (%s; %d triangles, classified in %.3f s)", name,
                       method.name.lower(), self.classification.reason, len(self.triangles),
@@ -169,7 +177,7 @@ class _Geometry:
         out = {"sign_method": self.method.name.lower(), "requested_sign_method": self.requested.name.lower(),
                "vertices": int(self.vertices.shape[0]), "triangles": int(self.triangles.shape[0]),
                "bounding_centre": self.centre.tolist(), "bounding_radius": self.radius,
-               "winding_number_support": self.winding_number}
+               "winding_number_support": self.winding_number, "orientation": self.orientation.as_dict()}
         if self.classification is not None:
             out["auto"] = self.classification.as_dict()
         return out
@@ -513,7 +521,8 @@ class MeshWorld:
     def mesh_geometry(self, name: str, env: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
         """(vertices (V,3) float32, triangles (T,3) int32, pose (7,) float64, enabled) of a mesh.
 
-        The arrays are the world's read-only copies (the same objects until the geometry changes)."""
+        The arrays are the world's read-only copies (the same objects until the geometry changes);
+        the triangles with their winding repaired at add (mesh_info "orientation")."""
         with self._write_lock:
             slot = self._require(name, env)
             return slot.geometry.vertices, slot.geometry.triangles, slot.pose.copy(), slot.enabled
@@ -526,8 +535,11 @@ class MeshWorld:
     def mesh_info(self, name: str, env: int = 0) -> dict:
         """Facts about a mesh's geometry: sign_method (concrete), requested_sign_method, vertices,
         triangles, bounding_centre/bounding_radius (m, mesh frame), winding_number_support, and
+        orientation (what the add repaired, mesh_analysis.orient_components: components,
+        closed_components, non_orientable, components_reversed, faces_reversed, seconds), and
         for ``auto`` the classification (key "auto": reason, closed, consistently_oriented,
-        shells, self_intersections, degenerate_triangles, volume, classify_seconds)."""
+        shells, self_intersections, degenerate_triangles, volume, classify_seconds) of the
+        repaired triangles."""
         with self._write_lock:
             return self._require(name, env).geometry.info()
 
@@ -544,7 +556,8 @@ class MeshWorld:
         """Add a mesh, or replace the geometry, pose and enable flag of an existing ``name``.
 
         vertices (V,3) m in the mesh frame; triangles (T,3) vertex indices, counter-clockwise seen
-        from outside; pose (7,) the mesh frame in the world; sign_method overrides the world's
+        from outside (closed surfaces wound otherwise, inside out or partly flipped, are
+        re-oriented on the stored copy: docs/sign_methods.md); pose (7,) the mesh frame in the world; sign_method overrides the world's
         default for this mesh (``auto`` classifies the geometry once; the result is cached with
         it, see mesh_info). Returns the new revision.
         """
