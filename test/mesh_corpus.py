@@ -316,6 +316,8 @@ CORPUS = [
          lambda: ref.icosphere(0.2, 2)),
     Case("inside_out_capsule", lambda: inside_out(capsule()), "normal", ALL, "ties on the axis, inverted", capsule),
     Case("arm_link", arm_link, "normal", ALL, "real-size CAD part, 60:1 slivers"),
+    Case("arm_link_fine", lambda: arm_link(sections=512, chamfer=0.004), "normal", ALL,
+         "real-size, 512 sections: 0.6 m x 0.9 mm slivers (640:1)"),
     Case("inside_out_arm_link", lambda: inside_out(arm_link()), "normal", ALL, "real-size CAD part, inverted",
          arm_link),
     Case("arm_link_flipped_5", lambda: flipped_share(arm_link(), 0.05), "normal", ALL, "5 % of triangles flipped",
