@@ -773,9 +773,19 @@ def orient_components(vertices: np.ndarray, triangles: np.ndarray, welded: np.nd
     majority_turn = area_rel > 0.5 * area_all  # most of the area is on the reversed side: keep that
     outward_turn = volume < 0.0
     turn_patch = majority_turn.copy()
-    for p in np.flatnonzero(closed & (outward_turn != majority_turn)):
-        if not _enclosed(p, closed, patch_of, v64, tri, good):
-            turn_patch[p] = outward_turn[p]
+    candidates = np.flatnonzero(closed & (outward_turn != majority_turn))
+    if candidates.size:
+        consistent = np.where(rel[:, None], tri[good][:, ::-1], tri[good])  # (G,3) each patch consistent
+        by_patch = np.argsort(patch_of, kind="stable")
+        first = np.searchsorted(patch_of[by_patch], np.arange(n_patches))
+        corner_lo = v64[consistent].min(axis=1)[by_patch]
+        corner_hi = v64[consistent].max(axis=1)[by_patch]
+        box_lo = np.minimum.reduceat(corner_lo, first, axis=0)
+        box_hi = np.maximum.reduceat(corner_hi, first, axis=0)
+        for p in candidates:
+            holders = np.flatnonzero(closed & np.all(box_lo <= box_lo[p], axis=1) & np.all(box_hi >= box_hi[p], axis=1))
+            if not _enclosed(p, holders[holders != p], patch_of, v64, consistent):
+                turn_patch[p] = outward_turn[p]
     flip = np.zeros(tri.shape[0], bool)
     flip[good] = np.where(patch_ok[patch_of], rel != turn_patch[patch_of], False)
     out[flip] = out[flip][:, ::-1]
@@ -784,21 +794,18 @@ def orient_components(vertices: np.ndarray, triangles: np.ndarray, welded: np.nd
                                   reversed_whole, int(np.count_nonzero(flip)), time.perf_counter() - t0)
 
 
-def _enclosed(p: int, closed: np.ndarray, patch_of: np.ndarray, v64: np.ndarray, tri: np.ndarray,
-              good: np.ndarray) -> bool:
-    """Whether another closed patch encloses patch ``p``: its box holds p's box and the six
-    extreme vertices of p (on p's convex hull) are inside it (|winding number| > 0.5, whatever
-    its orientation)."""
-    mine = v64[tri[good[patch_of == p]]].reshape(-1, 3)
-    lo, hi = mine.min(axis=0), mine.max(axis=0)
+def _enclosed(p: int, holders: np.ndarray, patch_of: np.ndarray, v64: np.ndarray, consistent: np.ndarray) -> bool:
+    """Whether one of the closed patches ``holders`` (whose boxes hold p's box) encloses patch
+    ``p``: the six extreme vertices of p (on p's convex hull) inside it (|winding number| > 0.5
+    of its consistently wound triangles ``consistent`` (G,3), whatever their orientation)."""
+    if holders.size == 0:
+        return False
+    mine = v64[consistent[patch_of == p]].reshape(-1, 3)
     extremes = mine[np.concatenate([mine.argmin(axis=0), mine.argmax(axis=0)])]
-    for q in np.flatnonzero(closed):
-        if q == p:
-            continue
-        corners = v64[tri[good[patch_of == q]]]
-        flat = corners.reshape(-1, 3)
-        if np.any(flat.min(axis=0) > lo) or np.any(flat.max(axis=0) < hi):
-            continue
-        if np.all(np.abs(_winding_numbers(extremes, corners)) > 0.5):
+    for q in holders:
+        corners = v64[consistent[patch_of == q]]
+        winding = sum(_winding_numbers(extremes, corners[i:i + _GIL_CHUNK])
+                      for i in range(0, corners.shape[0], _GIL_CHUNK))
+        if np.all(np.abs(winding) > 0.5):
             return True
     return False
