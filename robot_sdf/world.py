@@ -557,9 +557,10 @@ class MeshWorld:
 
         vertices (V,3) m in the mesh frame; triangles (T,3) vertex indices, counter-clockwise seen
         from outside (closed surfaces wound otherwise, inside out or partly flipped, are
-        re-oriented on the stored copy: docs/sign_methods.md); pose (7,) the mesh frame in the world; sign_method overrides the world's
-        default for this mesh (``auto`` classifies the geometry once; the result is cached with
-        it, see mesh_info). Returns the new revision.
+        re-oriented on the stored copy: docs/sign_methods.md, mesh_info "orientation"); pose (7,)
+        the mesh frame in the world; sign_method overrides the world's default for this mesh
+        (``auto`` classifies the geometry once; the result is cached with it, see mesh_info).
+        Returns the new revision.
         """
         self._check_name(name)
         self.check_env(env)
