@@ -750,17 +750,12 @@ def orient_components(vertices: np.ndarray, triangles: np.ndarray, welded: np.nd
     patch_ok = np.bincount(patch_of, weights=(~orientable).astype(np.float64), minlength=n_patches) == 0
     # Relative orientation: reversed against the patch's lowest copy.
     rel = keep_label != patch
-    # Closed: per (patch, edge) two incidences with opposite directions once oriented.
-    edge_id = np.empty(sk.shape[0], np.int64)
-    edge_id[perm] = np.cumsum(starts.astype(np.int64)) - 1
-    inc_face = np.arange(3 * n_good) // 3
-    inc_patch = patch_of[inc_face]
-    n_edges = np.int64(begin.shape[0])
-    pe, pe_of, pe_counts = _unique(inc_patch * n_edges + edge_id, return_inverse=True, return_counts=True)
-    direction = np.where(forward != np.repeat(rel, 3), 1.0, -1.0)
-    pe_balance = np.bincount(pe_of, weights=direction, minlength=pe.shape[0])
-    pe_bad = (pe_counts != 2) | (pe_balance != 0)
-    patch_open = np.bincount(pe // n_edges, weights=pe_bad.astype(np.float64), minlength=n_patches) > 0
+    # Closed: every edge of the patch has exactly two triangles, which the patch links and, if
+    # it is orientable, winds oppositely once oriented (an edge shared by more triangles opens it).
+    edge_count = np.empty(sk.shape[0], np.int64)
+    edge_count[perm] = np.repeat(counts, counts)
+    bad_face = np.any((edge_count != 2).reshape(-1, 3), axis=1)
+    patch_open = np.bincount(patch_of, weights=bad_face.astype(np.float64), minlength=n_patches) > 0
     closed = patch_ok & ~patch_open
     # Volume (relative orientation) and area per orientation, per patch.
     a, b, c = (v64[tri[good, k]] for k in range(3))
