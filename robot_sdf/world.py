@@ -80,6 +80,9 @@ class _Geometry:
         facts = mesh_analysis.surface_facts(centred.astype(np.float64), tri_in, self.welded[tri_in])
         self.triangles, self.orientation = mesh_analysis.orient_components(centred, tri_in, self.welded, facts)
         self.triangles.setflags(write=False)
+        # Rows reversed by the repair: the triangles as given are recoverable (same_triangles).
+        self.reversed_rows = np.flatnonzero(np.any(self.triangles != tri_in, axis=1)) if self.orientation.faces_reversed \
+            else np.zeros(0, np.int64)
         wdev = warp_device(device)
         self.points = wp.array(centred, dtype=wp.vec3, device=wdev)
         self.indices = wp.array(self.triangles.reshape(-1), dtype=wp.int32, device=wdev)
@@ -120,6 +123,14 @@ class _Geometry:
         # Device arrays of the topology and scratch sums, made at the first refit and kept.
         self.sign_writer: mesh_analysis.SignDataWriter | None = None
         self._refit_prepare_lock = threading.Lock()  # one scratch set per writer
+
+    def given_triangles(self) -> np.ndarray:
+        """(T,3) int32: the triangles as they were given, before the winding repair."""
+        if self.reversed_rows.size == 0:
+            return self.triangles
+        t = np.array(self.triangles, copy=True)
+        t[self.reversed_rows] = t[self.reversed_rows, ::-1]
+        return t
 
     def _centred(self, vertices: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(vertices.astype(np.float64) - self.centre, dtype=np.float32)
@@ -527,6 +538,20 @@ class MeshWorld:
             slot = self._require(name, env)
             return slot.geometry.vertices, slot.geometry.triangles, slot.pose.copy(), slot.enabled
 
+    def same_triangles(self, name: str, triangles, env: int = 0) -> bool:
+        """Whether ``triangles`` ((T,3) or flat) are those the mesh was added with, as given
+        (before the winding repair): a re-sent mesh with them is a refit (update_vertices)."""
+        t = np.asarray(triangles)
+        with self._write_lock:
+            geo = self._require(name, env).geometry
+            stored = geo.triangles
+            if t.size != stored.size:
+                return False
+            t = t.reshape(stored.shape)
+            if geo.reversed_rows.size == 0:
+                return bool(np.array_equal(t, stored))
+            return bool(np.array_equal(t, geo.given_triangles()))
+
     def mesh_sign_method(self, name: str, env: int = 0) -> SignMethod:
         """The concrete sign method the kernels use for a mesh (what ``auto`` chose, if it was)."""
         with self._write_lock:
@@ -646,7 +671,7 @@ class MeshWorld:
             index = self._index(env, slot)
             if old.users > 1 or key in self._geometries or key in self._unused:
                 # Shared (or already cached) content: this slot gets its own geometry.
-                slot.geometry = self._acquire_geometry(key, v, old.triangles, old.requested, name=name)
+                slot.geometry = self._acquire_geometry(key, v, old.given_triangles(), old.requested, name=name)
                 self._release_geometry(old)
                 self._mirror_slot(env, index)
             else:

@@ -456,3 +456,26 @@ def test_mirrored_collada_is_the_mirrored_solid(tmp_path, device):
     d, _, world = world_sd(sv, st, pts - mirror[:3, 3], "auto", device, max_distance=0.05)
     assert world.mesh_info("m")["orientation"]["faces_reversed"] == 0  # the loader already re-wound it
     assert np.array_equal(d[clear] < 0, sd_ref[clear] < 0)
+
+
+def test_repaired_mesh_keeps_its_given_triangles_for_refits():
+    """A re-sent inside-out mesh with the triangles it was added with is recognised as the same
+    topology (the ROS ADD path then refits); a shared geometry split by update_vertices starts
+    from the triangles as given and repairs them again."""
+    v, t = sphere_mesh(0.2)
+    flipped = np.ascontiguousarray(t[:, ::-1])
+    world = MeshWorld(device="cpu", max_distance=0.5)
+    world.add_mesh("a", v, flipped)
+    world.add_mesh("b", v, flipped, pose=(1.0, 0, 0, 1, 0, 0, 0))
+    assert world.same_triangles("a", flipped) and world.same_triangles("a", flipped.reshape(-1).astype(np.uint32))
+    assert not world.same_triangles("a", t) and not world.same_triangles("a", flipped[:-1])
+    world.update_vertices("b", v * 2.0)  # shared geometry: b gets its own, built from the given triangles
+    assert world.same_triangles("b", flipped)
+    assert world.mesh_info("b")["orientation"]["faces_reversed"] == len(t)
+    d, _ = world.signed_distance(torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]]))
+    want_a = ref.signed_distance(np.zeros((1, 3)), v, t)[0][0]
+    want_b = ref.signed_distance(np.zeros((1, 3)), v * 2.0, t)[0][0]
+    assert float(d[0]) == pytest.approx(min(want_a, ref.signed_distance(np.array([[-1.0, 0, 0]]), v * 2.0, t)[0][0]),
+                                        abs=1e-6)
+    assert float(d[1]) == pytest.approx(min(want_b, ref.signed_distance(np.array([[1.0, 0, 0]]), v, t)[0][0]),
+                                        abs=1e-6)
