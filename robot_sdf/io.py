@@ -58,14 +58,45 @@ def _unit_metres(mesh) -> float:
     return 1.0
 
 
-def load_mesh(path: str | Path, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def mesh_scale(scale) -> np.ndarray:
+    """A loader's ``scale`` (one factor or three per-axis factors, as a URDF ``<mesh scale>``)
+    as (3,) float64, or ValueError: every factor finite and non-zero (negative ones mirror)."""
+    try:
+        s = np.asarray(scale, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"scale must be a number or three numbers, got {scale!r}") from exc
+    if s.shape == (1,):
+        s = np.repeat(s, 3)
+    if s.shape != (3,) or not np.all(np.isfinite(s)) or np.any(s == 0.0):
+        raise ValueError(f"scale must be one or three finite, non-zero factors, got {np.ravel(scale).tolist()}")
+    return s
+
+
+def scale_mesh(vertices: np.ndarray, triangles: np.ndarray, scale) -> tuple[np.ndarray, np.ndarray]:
+    """Vertices (V,3) times ``scale`` (mesh_scale), float32; triangles (T,3) int32 with their
+    winding reversed when the scale mirrors (an odd number of negative factors: determinant
+    below 0), so that the outside stays outside. Returns new arrays."""
+    s = mesh_scale(scale)
+    v = np.ascontiguousarray(np.asarray(vertices, np.float64) * s, dtype=np.float32)
+    t = np.ascontiguousarray(triangles, dtype=np.int32)
+    if np.prod(np.sign(s)) < 0:
+        t = np.ascontiguousarray(t[:, ::-1])
+    return v, t
+
+
+def load_mesh(path: str | Path, scale=1.0) -> tuple[np.ndarray, np.ndarray]:
     """Read a triangle mesh file (STL, OBJ, PLY, GLB/glTF, OFF, COLLADA .dae) into one mesh.
 
     Scenes (several geometries, e.g. a COLLADA or glTF file with a node hierarchy) are flattened
-    with each node's transform applied, in the file's own frame. ``scale`` multiplies the vertex
-    coordinates (e.g. 0.001 for files in millimetres; a COLLADA file's <unit> is applied first).
+    with each node's transform applied, in the file's own frame; a node whose transform mirrors
+    (negative determinant) has its triangles' winding reversed by the flattening, so every part
+    keeps its outside. ``scale``: one factor, or three per-axis factors (sx, sy, sz) as a URDF
+    ``<mesh scale>`` gives them, multiplying the vertex coordinates (e.g. 0.001 for files in
+    millimetres; a COLLADA file's <unit> is applied first); factors must be finite and non-zero;
+    a scale with negative determinant (an odd number of negative factors) mirrors the mesh and
+    reverses its winding (scale_mesh). Returns (vertices (V,3) float32 m, triangles (T,3) int32).
     Raises ValueError naming the file and the problem when it is missing, unreadable, truncated,
-    holds no triangles or non-finite (NaN, inf) coordinates.
+    holds no triangles or non-finite (NaN, inf) coordinates, or the scale is invalid.
     """
     import trimesh
 
@@ -74,8 +105,10 @@ def load_mesh(path: str | Path, scale: float = 1.0) -> tuple[np.ndarray, np.ndar
         raise ValueError(f"mesh file not found: {p}")
     if p.suffix.lower() not in SUPPORTED_SUFFIXES:
         raise ValueError(f"{p}: unsupported mesh format {p.suffix!r}; expected one of {', '.join(SUPPORTED_SUFFIXES)}")
-    if not (np.isfinite(scale) and scale > 0):
-        raise ValueError(f"{p}: scale must be positive, got {scale}")
+    try:
+        factors = mesh_scale(scale)
+    except ValueError as exc:
+        raise ValueError(f"{p}: {exc}") from exc
     if p.suffix.lower() == ".stl":
         _check_binary_stl(p)
     try:
@@ -94,9 +127,9 @@ def load_mesh(path: str | Path, scale: float = 1.0) -> tuple[np.ndarray, np.ndar
         bad = int(np.flatnonzero(~np.isfinite(raw).all(axis=1))[0])
         raise ValueError(f"{p}: vertex {bad} is not finite ({raw[bad].tolist()}): NaN or inf in the file")
     v, t = _as_arrays(loaded, str(p))
-    scale = scale * _unit_metres(loaded)
-    if scale != 1.0:
-        v = v * np.float32(scale)
+    factors = factors * _unit_metres(loaded)
+    if np.any(factors != 1.0):
+        v, t = scale_mesh(v, t, factors)
     return v, t
 
 

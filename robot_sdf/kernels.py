@@ -77,6 +77,9 @@ EDGE_MARGIN = wp.constant(1.0e-4)
 SLIVER_REACH = wp.constant(0.02)
 # Closer to a surface than this [m], the Hessian of the distance (~1/distance) is reported as 0.
 HESSIAN_MIN_DISTANCE = wp.constant(1.0e-6)
+# Largest excess distance (m) of the triangle Warp's float32 search picks on a sliver mesh over
+# the closest one: farther out the float64 re-search looks near the point found only.
+SLIVER_PICK_ERROR = wp.constant(1.0e-4)
 
 
 @wp.func_native("""return wp::mesh_query_winding_number(mesh, p, accuracy);""")
@@ -270,14 +273,22 @@ def closest_feature(mesh: wp.uint64, p: wp.vec3, face: int, inside: float, data:
     if pseudo:
         outward = feature_normal(mesh, face, feature, face_n)
         inside = wp.where(wp.dot(delta, outward) < 0.0, -1.0, 1.0)
-    if data >= 0 and (dist < SLIVER_REACH or inside < 0.0):
+    if data >= 0:
         if m.velocities[data + 3][2] != 0.0:
             # Slivers: Warp's float32 search may have picked a triangle farther than the closest
             # one; every triangle nearer than the one found overlaps this box. Outside and
-            # farther than SLIVER_REACH the box would hold too many triangles for a free-space
-            # query (and a wrong pick moves the direction less); inside points pay anyway.
-            reach = wp.vec3(dist + 1.0e-6, dist + 1.0e-6, dist + 1.0e-6)
-            query = wp.mesh_query_aabb(mesh, p - reach, p + reach)
+            # farther than SLIVER_REACH that box would hold too many triangles for a free-space
+            # query (inside points pay anyway): there the box is centred on the point found, as
+            # wide as the surface can be from it while at most SLIVER_PICK_ERROR nearer to p
+            # (sqrt(2 dist e) + e on a plane; the closest point of a point that is not near a
+            # tie of distant features lies there).
+            box_centre = p
+            half = dist + 1.0e-6
+            if dist >= SLIVER_REACH and inside >= 0.0:
+                box_centre = p - delta
+                half = wp.sqrt(2.0 * dist * SLIVER_PICK_ERROR) + SLIVER_PICK_ERROR
+            reach = wp.vec3(half, half, half)
+            query = wp.mesh_query_aabb(mesh, box_centre - reach, box_centre + reach)
             other = int(0)
             improved = bool(False)
             while wp.mesh_query_aabb_next(query, other):

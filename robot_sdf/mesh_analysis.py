@@ -590,13 +590,14 @@ def count_self_intersections(mesh: wp.Mesh, vertices: np.ndarray, triangles: np.
 
 
 def classify(vertices: np.ndarray, triangles: np.ndarray, welded: np.ndarray | None = None,
-             mesh_factory=None) -> tuple[MeshClass, wp.Mesh | None]:
+             mesh_factory=None, facts: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[MeshClass, wp.Mesh | None]:
     """The ``auto`` decision: ``normal`` for one closed, consistently and outward oriented shell
     without self-intersections; ``winding_number`` for anything else.
 
     The topology checks run first (numpy); only a mesh that passes them needs a BVH for the
     self-intersection test: ``mesh_factory()`` builds the Warp mesh of vertices/triangles, and it
-    is returned for reuse (None when no BVH was needed).
+    is returned for reuse (None when no BVH was needed). ``facts``: surface_facts of the mesh,
+    when already known.
     """
     import time
 
@@ -605,13 +606,7 @@ def classify(vertices: np.ndarray, triangles: np.ndarray, welded: np.ndarray | N
     tri = np.asarray(triangles, np.int64)
     w = weld(vertices) if welded is None else welded
     wt = w[tri]
-    repeated = (wt[:, 0] == wt[:, 1]) | (wt[:, 1] == wt[:, 2]) | (wt[:, 2] == wt[:, 0])
-    _, area2 = _face_normals(v64, tri)
-    # Flat triangles (zero area, or collinear corners up to float32 rounding: height below 1e-6
-    # of the longest edge) have no surface: they neither open nor close the mesh.
-    corners = v64[tri]
-    longest2 = np.max(((corners - np.roll(corners, 1, axis=1)) ** 2).sum(axis=2), axis=1)
-    flat = repeated | (area2 <= FLAT_RATIO * longest2)
+    flat, _ = surface_facts(v64, tri, wt) if facts is None else facts
     degenerate = int(np.count_nonzero(flat))
     good = wt[~flat]
     n = np.int64(v64.shape[0])
@@ -652,3 +647,163 @@ def classify(vertices: np.ndarray, triangles: np.ndarray, welded: np.ndarray | N
     method = SignMethod.NORMAL if reason.startswith("one closed") else SignMethod.WINDING_NUMBER
     return (MeshClass(method, reason, closed, oriented, shells, crossings, degenerate, volume,
                       time.perf_counter() - t0), mesh)
+
+
+# ---------------------------------------------------------------------------------------- orientation
+@dataclass
+class OrientationRepair:
+    """What orient_components changed in a mesh's winding (reported by mesh_info "orientation")."""
+
+    components: int              # edge-connected patches of non-flat triangles
+    closed_components: int       # of which closed (every edge twice, consistently orientable)
+    non_orientable: int          # patches whose triangles cannot all agree (left as they were)
+    components_reversed: int     # closed patches turned outward as a whole (inside out before)
+    faces_reversed: int          # triangles whose winding was reversed in total
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {"components": self.components, "closed_components": self.closed_components,
+                "non_orientable": self.non_orientable, "components_reversed": self.components_reversed,
+                "faces_reversed": self.faces_reversed, "seconds": self.seconds}
+
+
+def surface_facts(v64: np.ndarray, tri: np.ndarray, wt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(flat (T,) bool, twice the areas (T,) float64) of the triangles ``tri`` (T,3) of the
+    float64 vertices ``v64``, ``wt`` their welded corners. Flat triangles have no surface (a
+    repeated welded corner, or collinear corners up to float32 rounding: height below
+    FLAT_RATIO of the longest edge): they neither open nor close a mesh."""
+    repeated = (wt[:, 0] == wt[:, 1]) | (wt[:, 1] == wt[:, 2]) | (wt[:, 2] == wt[:, 0])
+    _, area2 = _face_normals(v64, tri)
+    corners = v64[tri]
+    longest2 = np.max(((corners - np.roll(corners, 1, axis=1)) ** 2).sum(axis=2), axis=1)
+    return repeated | (area2 <= FLAT_RATIO * longest2), area2
+
+
+def _winding_numbers(points: np.ndarray, corners: np.ndarray) -> np.ndarray:
+    """Generalised winding number (P,) of the triangles ``corners`` (T,3,3) at ``points`` (P,3)
+    (Van Oosterom & Strackee solid angles, float64)."""
+    a = corners[None, :, 0, :] - points[:, None, :]
+    b = corners[None, :, 1, :] - points[:, None, :]
+    c = corners[None, :, 2, :] - points[:, None, :]
+    la, lb, lc = (np.linalg.norm(x, axis=2) for x in (a, b, c))
+    det = np.einsum("ptk,ptk->pt", a, np.cross(b, c))
+    den = (la * lb * lc + np.einsum("ptk,ptk->pt", a, b) * lc + np.einsum("ptk,ptk->pt", b, c) * la
+           + np.einsum("ptk,ptk->pt", c, a) * lb)
+    return (2.0 * np.arctan2(det, den)).sum(axis=1) / (4.0 * np.pi)
+
+
+def orient_components(vertices: np.ndarray, triangles: np.ndarray, welded: np.ndarray | None = None,
+                      facts: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, OrientationRepair]:
+    """Consistent winding per edge-connected patch, closed patches outward.
+
+    ``vertices`` (V,3) m (any frame), ``triangles`` (T,3): returns the (T,3) int32 triangles
+    with some rows reversed (a new array; ``triangles`` itself is not changed) and what changed.
+    ``facts``: surface_facts of the mesh, when already known (they do not depend on winding).
+
+    Patches: non-flat triangles joined across welded edges that exactly two triangles use. In a
+    patch, orientation propagates across those edges (a two-colouring of the triangle graph,
+    vectorised as connected components of the graph doubled into "kept"/"reversed" copies of
+    each triangle); a patch whose two copies connect cannot be oriented (Moebius-like, or
+    conflicting across non-manifold edges) and is left as it was. Then:
+    - a closed patch (every edge of it used twice, in opposite directions once oriented) faces
+      outward (positive volume), unless another closed patch encloses it (the six extreme
+      vertices of its box inside that patch): an enclosed patch is a cavity or a nested body,
+      which its winding tells, and keeps the orientation of the majority (by area) of its
+      triangles;
+    - an open patch keeps the orientation of the majority (by area) of its triangles.
+    Flat triangles are left as they are.
+    """
+    import time
+
+    t0 = time.perf_counter()
+    v64 = np.asarray(vertices, np.float64).reshape(-1, 3)
+    tri = np.asarray(triangles, np.int64).reshape(-1, 3)
+    w = weld(vertices) if welded is None else welded
+    wt = w[tri]
+    flat, area2_all = surface_facts(v64, tri, wt) if facts is None else facts
+    good = np.flatnonzero(~flat)
+    out = np.array(tri, np.int32, copy=True)
+    n_good = good.shape[0]
+    if n_good == 0:
+        return out, OrientationRepair(0, 0, 0, 0, 0, time.perf_counter() - t0)
+    gw = wt[good]
+    keys = _edge_keys(gw, w.shape[0]).reshape(-1)  # incidence 3 g + k
+    forward = (gw < np.roll(gw, -1, axis=1)).reshape(-1)
+    perm = np.argsort(keys, kind="stable")
+    sk = keys[perm]
+    starts = np.empty(sk.shape[0], bool)
+    starts[0] = True
+    starts[1:] = sk[1:] != sk[:-1]
+    begin = np.flatnonzero(starts)
+    counts = np.diff(np.append(begin, sk.shape[0]))
+    pair = begin[counts == 2]
+    i1, i2 = perm[pair], perm[pair + 1]
+    f1, f2 = i1 // 3, i2 // 3
+    differ = forward[i1] == forward[i2]  # same direction: exactly one of the two must turn
+    g = np.int64(n_good)
+    links = np.concatenate([
+        np.stack([f1, np.where(differ, f2 + g, f2)], axis=1),
+        np.stack([f1 + g, np.where(differ, f2, f2 + g)], axis=1)])
+    label = _components(2 * n_good, links)
+    keep_label, turn_label = label[:n_good], label[n_good:]
+    orientable = keep_label != turn_label
+    patch = np.minimum(keep_label, turn_label)  # the same for both copies of a patch
+    patch_ids, patch_of = _unique(patch, return_inverse=True)
+    n_patches = patch_ids.shape[0]
+    patch_ok = np.bincount(patch_of, weights=(~orientable).astype(np.float64), minlength=n_patches) == 0
+    # Relative orientation: reversed against the patch's lowest copy.
+    rel = keep_label != patch
+    # Closed: every edge of the patch has exactly two triangles, which the patch links and, if
+    # it is orientable, winds oppositely once oriented (an edge shared by more triangles opens it).
+    edge_count = np.empty(sk.shape[0], np.int64)
+    edge_count[perm] = np.repeat(counts, counts)
+    bad_face = np.any((edge_count != 2).reshape(-1, 3), axis=1)
+    patch_open = np.bincount(patch_of, weights=bad_face.astype(np.float64), minlength=n_patches) > 0
+    closed = patch_ok & ~patch_open
+    # Volume (relative orientation) and area per orientation, per patch.
+    a, b, c = (v64[tri[good, k]] for k in range(3))
+    centre = 0.5 * (v64.min(axis=0) + v64.max(axis=0))
+    vol = np.einsum("ij,ij->i", a - centre, np.cross(b - centre, c - centre)) / 6.0
+    area2 = area2_all[good]
+    volume = np.bincount(patch_of, weights=np.where(rel, -vol, vol), minlength=n_patches)
+    area_rel = np.bincount(patch_of, weights=np.where(rel, area2, 0.0), minlength=n_patches)
+    area_all = np.bincount(patch_of, weights=area2, minlength=n_patches)
+    majority_turn = area_rel > 0.5 * area_all  # most of the area is on the reversed side: keep that
+    outward_turn = volume < 0.0
+    turn_patch = majority_turn.copy()
+    candidates = np.flatnonzero(closed & (outward_turn != majority_turn))
+    if candidates.size:
+        consistent = np.where(rel[:, None], tri[good][:, ::-1], tri[good])  # (G,3) each patch consistent
+        by_patch = np.argsort(patch_of, kind="stable")
+        first = np.searchsorted(patch_of[by_patch], np.arange(n_patches))
+        corner_lo = v64[consistent].min(axis=1)[by_patch]
+        corner_hi = v64[consistent].max(axis=1)[by_patch]
+        box_lo = np.minimum.reduceat(corner_lo, first, axis=0)
+        box_hi = np.maximum.reduceat(corner_hi, first, axis=0)
+        for p in candidates:
+            holders = np.flatnonzero(closed & np.all(box_lo <= box_lo[p], axis=1) & np.all(box_hi >= box_hi[p], axis=1))
+            if not _enclosed(p, holders[holders != p], patch_of, v64, consistent):
+                turn_patch[p] = outward_turn[p]
+    flip = np.zeros(tri.shape[0], bool)
+    flip[good] = np.where(patch_ok[patch_of], rel != turn_patch[patch_of], False)
+    out[flip] = out[flip][:, ::-1]
+    reversed_whole = int(np.count_nonzero(closed & (turn_patch != majority_turn)))
+    return out, OrientationRepair(int(n_patches), int(np.count_nonzero(closed)), int(np.count_nonzero(~patch_ok)),
+                                  reversed_whole, int(np.count_nonzero(flip)), time.perf_counter() - t0)
+
+
+def _enclosed(p: int, holders: np.ndarray, patch_of: np.ndarray, v64: np.ndarray, consistent: np.ndarray) -> bool:
+    """Whether one of the closed patches ``holders`` (whose boxes hold p's box) encloses patch
+    ``p``: the six extreme vertices of p (on p's convex hull) inside it (|winding number| > 0.5
+    of its consistently wound triangles ``consistent`` (G,3), whatever their orientation)."""
+    if holders.size == 0:
+        return False
+    mine = v64[consistent[patch_of == p]].reshape(-1, 3)
+    extremes = mine[np.concatenate([mine.argmin(axis=0), mine.argmax(axis=0)])]
+    for q in holders:
+        corners = v64[consistent[patch_of == q]]
+        winding = sum(_winding_numbers(extremes, corners[i:i + _GIL_CHUNK])
+                      for i in range(0, corners.shape[0], _GIL_CHUNK))
+        if np.all(np.abs(winding) > 0.5):
+            return True
+    return False

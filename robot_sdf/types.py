@@ -31,9 +31,10 @@ class SignMethod(enum.IntEnum):
     WINDING_NUMBER: fast generalised winding number. Meaningful for open (non-watertight) meshes;
         the mesh is built with winding-number support, which costs memory and build time.
     PARITY: crossing parity of one perturbed ray. One extra traversal; wrong near cracks.
-    AUTO: chosen per geometry when it is added (robot_sdf.mesh_analysis.classify): NORMAL for a
-        single closed, consistently oriented shell without self-intersections, WINDING_NUMBER
-        for anything else.
+    AUTO: chosen per geometry when it is added (robot_sdf.mesh_analysis.classify), after the
+        add has oriented every closed patch consistently and outward (orient_components, for
+        every method): NORMAL for a single closed, consistently oriented shell without
+        self-intersections, WINDING_NUMBER for anything else.
     """
 
     NORMAL = 0

@@ -63,10 +63,10 @@ class _Geometry:
         self.key = key
         # Private read-only copies: the content key must keep describing what the BVH holds.
         self.vertices = np.array(vertices, dtype=np.float32, copy=True)
-        self.triangles = np.array(triangles, dtype=np.int32, copy=True)
         self.vertices.setflags(write=False)
-        self.triangles.setflags(write=False)
-        self.triangles_digest = _triangles_digest(self.triangles)
+        # The digest of the triangles as given: the content key names the input, whose winding
+        # the stored copy may repair.
+        self.triangles_digest = _triangles_digest(np.asarray(triangles, np.int32))
         v64 = self.vertices.astype(np.float64)
         self.centre = 0.5 * (v64.min(axis=0) + v64.max(axis=0))
         centred = self._centred(self.vertices)
@@ -74,6 +74,16 @@ class _Geometry:
         self.requested = requested
         self.classification: mesh_analysis.MeshClass | None = None
         self.welded = mesh_analysis.weld(self.vertices)
+        # Closed surfaces bound a solid whatever their winding: each edge-connected patch is
+        # oriented consistently, closed ones outward (mesh_analysis.orient_components), on this
+        # private copy, before the sign data and the classification see it.
+        tri_in = np.asarray(triangles, np.int64)
+        facts = mesh_analysis.surface_facts(centred.astype(np.float64), tri_in, self.welded[tri_in])
+        self.triangles, self.orientation = mesh_analysis.orient_components(centred, tri_in, self.welded, facts)
+        self.triangles.setflags(write=False)
+        # Rows reversed by the repair: the triangles as given are recoverable (same_triangles).
+        self.reversed_rows = np.flatnonzero(np.any(self.triangles != tri_in, axis=1)) if self.orientation.faces_reversed \
+            else np.zeros(0, np.int64)
         wdev = warp_device(device)
         self.points = wp.array(centred, dtype=wp.vec3, device=wdev)
         self.indices = wp.array(self.triangles.reshape(-1), dtype=wp.int32, device=wdev)
@@ -91,7 +101,8 @@ class _Geometry:
             def factory() -> wp.Mesh:
                 return wp.Mesh(points=self.points, indices=self.indices, velocities=self.velocities)
 
-            self.classification, mesh = mesh_analysis.classify(centred, self.triangles, self.welded, factory)
+            self.classification, mesh = mesh_analysis.classify(centred, self.triangles, self.welded, factory,
+                                                                 facts)
             method = self.classification.method
             _log.info("mesh %r: sign method auto -> %s (%s; %d triangles, classified in %.3f s)", name,
                       method.name.lower(), self.classification.reason, len(self.triangles),
@@ -113,6 +124,14 @@ class _Geometry:
         # Device arrays of the topology and scratch sums, made at the first refit and kept.
         self.sign_writer: mesh_analysis.SignDataWriter | None = None
         self._refit_prepare_lock = threading.Lock()  # one scratch set per writer
+
+    def given_triangles(self) -> np.ndarray:
+        """(T,3) int32: the triangles as they were given, before the winding repair."""
+        if self.reversed_rows.size == 0:
+            return self.triangles
+        t = np.array(self.triangles, copy=True)
+        t[self.reversed_rows] = t[self.reversed_rows, ::-1]
+        return t
 
     def _centred(self, vertices: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(vertices.astype(np.float64) - self.centre, dtype=np.float32)
@@ -170,7 +189,7 @@ class _Geometry:
         out = {"sign_method": self.method.name.lower(), "requested_sign_method": self.requested.name.lower(),
                "vertices": int(self.vertices.shape[0]), "triangles": int(self.triangles.shape[0]),
                "bounding_centre": self.centre.tolist(), "bounding_radius": self.radius,
-               "winding_number_support": self.winding_number}
+               "winding_number_support": self.winding_number, "orientation": self.orientation.as_dict()}
         if self.classification is not None:
             out["auto"] = self.classification.as_dict()
         return out
@@ -520,10 +539,25 @@ class MeshWorld:
     def mesh_geometry(self, name: str, env: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
         """(vertices (V,3) float32, triangles (T,3) int32, pose (7,) float64, enabled) of a mesh.
 
-        The arrays are the world's read-only copies (the same objects until the geometry changes)."""
+        The arrays are the world's read-only copies (the same objects until the geometry changes);
+        the triangles with their winding repaired at add (mesh_info "orientation")."""
         with self._write_lock:
             slot = self._require(name, env)
             return slot.geometry.vertices, slot.geometry.triangles, slot.pose.copy(), slot.enabled
+
+    def same_triangles(self, name: str, triangles, env: int = 0) -> bool:
+        """Whether ``triangles`` ((T,3) or flat) are those the mesh was added with, as given
+        (before the winding repair): a re-sent mesh with them is a refit (update_vertices)."""
+        t = np.asarray(triangles)
+        with self._write_lock:
+            geo = self._require(name, env).geometry
+            stored = geo.triangles
+            if t.size != stored.size:
+                return False
+            t = t.reshape(stored.shape)
+            if geo.reversed_rows.size == 0:
+                return bool(np.array_equal(t, stored))
+            return bool(np.array_equal(t, geo.given_triangles()))
 
     def mesh_sign_method(self, name: str, env: int = 0) -> SignMethod:
         """The concrete sign method the kernels use for a mesh (what ``auto`` chose, if it was)."""
@@ -533,8 +567,11 @@ class MeshWorld:
     def mesh_info(self, name: str, env: int = 0) -> dict:
         """Facts about a mesh's geometry: sign_method (concrete), requested_sign_method, vertices,
         triangles, bounding_centre/bounding_radius (m, mesh frame), winding_number_support, and
+        orientation (what the add repaired, mesh_analysis.orient_components: components,
+        closed_components, non_orientable, components_reversed, faces_reversed, seconds), and
         for ``auto`` the classification (key "auto": reason, closed, consistently_oriented,
-        shells, self_intersections, degenerate_triangles, volume, classify_seconds)."""
+        shells, self_intersections, degenerate_triangles, volume, classify_seconds) of the
+        repaired triangles."""
         with self._write_lock:
             return self._require(name, env).geometry.info()
 
@@ -551,9 +588,11 @@ class MeshWorld:
         """Add a mesh, or replace the geometry, pose and enable flag of an existing ``name``.
 
         vertices (V,3) m in the mesh frame; triangles (T,3) vertex indices, counter-clockwise seen
-        from outside; pose (7,) the mesh frame in the world; sign_method overrides the world's
-        default for this mesh (``auto`` classifies the geometry once; the result is cached with
-        it, see mesh_info). Returns the new revision.
+        from outside (closed surfaces wound otherwise, inside out or partly flipped, are
+        re-oriented on the stored copy: docs/sign_methods.md, mesh_info "orientation"); pose (7,)
+        the mesh frame in the world; sign_method overrides the world's default for this mesh
+        (``auto`` classifies the geometry once; the result is cached with it, see mesh_info).
+        Returns the new revision.
         """
         self._check_name(name)
         self.check_env(env)
@@ -645,7 +684,7 @@ class MeshWorld:
             index = self._index(env, slot)
             if old.users > 1 or key in self._geometries or key in self._unused:
                 # Shared (or already cached) content: this slot gets its own geometry.
-                slot.geometry = self._acquire_geometry(key, v, old.triangles, old.requested, name=name)
+                slot.geometry = self._acquire_geometry(key, v, old.given_triangles(), old.requested, name=name)
                 self._release_geometry(old)
                 self._mirror_slot(env, index)
             else:

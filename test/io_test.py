@@ -7,7 +7,7 @@ import pytest
 import trimesh
 
 import reference as ref
-from robot_sdf.io import box_mesh, cylinder_mesh, load_mesh, sphere_mesh
+from robot_sdf.io import box_mesh, cylinder_mesh, load_mesh, scale_mesh, sphere_mesh
 
 FORMATS = ["stl", "obj", "ply", "glb"]
 
@@ -124,8 +124,8 @@ def test_bad_files(tmp_path):
         load_mesh(directory)
     good = tmp_path / "good.stl"
     trimesh.Trimesh(*ref.box((1, 1, 1)), process=False).export(str(good))
-    for scale in (0.0, -1.0, float("nan")):
-        with pytest.raises(ValueError):
+    for scale in (0.0, float("nan"), (1.0, 0.0, 1.0), (1.0, 2.0), "big", (1.0, float("inf"), 1.0)):
+        with pytest.raises(ValueError, match=r"good\.stl: scale"):
             load_mesh(good, scale=scale)
 
 
@@ -219,3 +219,67 @@ def test_load_errors_name_the_file_and_the_problem(tmp_path):
     bad_dae.write_text("<COLLADA><library_geometries>")
     with pytest.raises(ValueError, match=r"broken\.dae"):
         load_mesh(bad_dae)
+
+
+def _volume(v, t) -> float:
+    a, b, c = (np.asarray(v, np.float64)[np.asarray(t)[:, k]] for k in range(3))
+    return float(np.einsum("ij,ij->i", a, np.cross(b, c)).sum() / 6.0)
+
+
+@pytest.mark.parametrize("scale", [(-1.0, 1.0, 1.0), (0.5, -2.0, 1.5), (-1.0, -1.0, -1.0), -0.001,
+                                   (1.0, -1.0, -1.0), (2.0, 1.0, 0.5)])
+def test_scale_mirrors_into_the_same_solid(tmp_path, source_mesh, scale):
+    """A per-axis scale (a URDF <mesh scale>) with negative determinant mirrors the part: the
+    loaded mesh is the mirrored solid, wound outward (positive volume), whose signed distance is
+    the reference's at the mirrored points; a rotation-like scale (two negative factors) and a
+    positive one keep the winding."""
+    v, t = source_mesh
+    path = tmp_path / "part.obj"
+    trimesh.Trimesh(vertices=v, faces=t, process=False).export(str(path))
+    lv, lt = load_mesh(path, scale=scale)
+    s = np.broadcast_to(np.asarray(scale, np.float64), (3,))
+    np.testing.assert_allclose(lv, np.asarray(v, np.float32) * s.astype(np.float32), rtol=1e-6, atol=1e-9)
+    assert _volume(lv, lt) == pytest.approx(abs(np.prod(s)) * _volume(v, t), rel=1e-5)
+    mirrored = np.prod(np.sign(s)) < 0
+    orig_tri = np.asarray(t)
+    # canonical comparison: the same triangles, reversed exactly when the scale mirrors
+    want_t = orig_tri[:, ::-1] if mirrored else orig_tri
+    np.testing.assert_allclose(canonical_triangles(lv, lt), canonical_triangles(np.asarray(v) * s, want_t), atol=1e-6)
+    rng = np.random.default_rng(1)
+    pts = rng.uniform(-0.4, 0.6, size=(200, 3))
+    got = ref.signed_distance(pts * s, lv, lt)[0]
+    want = ref.signed_distance(pts, v, t)[0]
+    # |s| scales the distance only where it is uniform: compare signs everywhere, values then
+    if np.allclose(np.abs(s), np.abs(s[0])):
+        np.testing.assert_allclose(got, want * abs(s[0]), atol=1e-6)
+    clear = np.abs(want) > 1e-3
+    assert np.array_equal(got[clear] < 0, want[clear] < 0)
+    # scale_mesh directly: same arrays, inputs untouched
+    sv, st = scale_mesh(v, t, scale)
+    np.testing.assert_array_equal(st, lt)
+    assert np.array_equal(np.asarray(t), orig_tri)
+
+
+def test_collada_mirrored_node_is_the_mirrored_solid(tmp_path):
+    """A COLLADA node whose matrix mirrors (negative determinant) gives the mirrored part wound
+    outward: the reference signed distance of the mirrored, re-wound part at every point."""
+    box_v, box_t = ref.box((0.2, 0.1, 0.3))
+    ball_v, ball_t = ref.icosphere(0.1, 1)
+    ball_v = ball_v * np.array([1.0, 0.5, 1.5])  # asymmetric, so a mirror is not the identity
+    mirror = np.diag([-1.0, 1.0, 1.0, 1.0])
+    mirror[:3, 3] = (0.4, 0.0, 0.1)
+    turn = _matrix((0.0, 0.3, 0.0, np.cos(0.4), np.sin(0.4), 0.0, 0.0)) @ np.diag([1.0, 1.0, -1.0, 1.0])
+    path = tmp_path / "mirrored.dae"
+    path.write_text(_collada({"box": (box_v, box_t), "ball": (ball_v, ball_t)},
+                             [("box", mirror), ("ball", turn), ("box", np.eye(4))]))
+    v, t = load_mesh(path)
+    parts = []
+    for (pv, pt), m in (((box_v, box_t), mirror), ((ball_v, ball_t), turn), ((box_v, box_t), np.eye(4))):
+        mv = pv @ m[:3, :3].T + m[:3, 3]
+        parts.append((mv, pt[:, ::-1] if np.linalg.det(m[:3, :3]) < 0 else pt))
+    want_v = np.concatenate([p[0] for p in parts])
+    want_t = np.concatenate([parts[0][1], parts[1][1] + len(box_v), parts[2][1] + len(box_v) + len(ball_v)])
+    np.testing.assert_allclose(canonical_triangles(v, t), canonical_triangles(want_v, want_t), atol=1e-6)
+    for k, (pv, pt) in enumerate(parts):
+        assert _volume(pv, pt) > 0
+    assert _volume(v, t) == pytest.approx(sum(_volume(*p) for p in parts), rel=1e-5)

@@ -138,10 +138,73 @@ def open_cup():
 
 
 def flipped_faces():
-    """A closed box with two of its twelve triangles wound the wrong way."""
+    """A closed box with two of its twelve triangles wound the wrong way (the solid: the box)."""
     v, t = ref.box((0.2, 0.2, 0.2))
     t = t.copy()
     t[[1, 6]] = t[[1, 6]][:, ::-1]
+    return v, t
+
+
+def inside_out(mesh):
+    """Every triangle reversed: the same closed surface, wound inward (an inverted STL)."""
+    v, t = mesh
+    return v, np.ascontiguousarray(np.asarray(t)[:, ::-1])
+
+
+def flipped_share(mesh, share: float, seed: int = 11):
+    """``share`` of the triangles (chosen at random) reversed."""
+    v, t = mesh
+    t = np.array(t, copy=True)
+    rng = np.random.default_rng(seed)
+    pick = rng.choice(len(t), size=int(round(share * len(t))), replace=False)
+    t[pick] = t[pick][:, ::-1]
+    return v, t
+
+
+def arm_link(length: float = 0.612, radius: float = 0.075, chamfer: float = 0.012, sections: int = 48):
+    """A real-size, CAD-like robot upper-arm link (UR10e-like): a 0.61 m tube of radius 7.5 cm
+    with chamfered ends and fan-triangulated caps, as CAD exporters tessellate it. Its long
+    side triangles are 0.59 m x 1 cm slivers (aspect ~60)."""
+    xs = np.array([-length / 2, -length / 2 + chamfer, length / 2 - chamfer, length / 2])
+    rs = np.array([radius - chamfer, radius, radius, radius - chamfer])
+    angles = np.linspace(0, 2 * np.pi, sections, endpoint=False)
+    ring = np.stack([np.cos(angles), np.sin(angles)], 1)
+    v = [np.array([[xs[0], 0.0, 0.0]])]
+    for x, r in zip(xs, rs):
+        v.append(np.column_stack([np.full(sections, x), r * ring]))
+    v.append(np.array([[xs[-1], 0.0, 0.0]]))
+    v = np.concatenate(v)
+    j = np.arange(sections)
+    jn = (j + 1) % sections
+    t = [np.stack([np.zeros(sections, int), 1 + jn, 1 + j], 1)]  # cap at -x, facing -x
+    for i in range(len(xs) - 1):
+        a, b = 1 + i * sections + j, 1 + i * sections + jn
+        c, d = 1 + (i + 1) * sections + j, 1 + (i + 1) * sections + jn
+        t += [np.stack([a, b, d], 1), np.stack([a, d, c], 1)]
+    last, tip = 1 + (len(xs) - 1) * sections, len(v) - 1
+    t.append(np.stack([np.full(sections, tip), last + j, last + jn], 1))
+    return v, np.concatenate(t).astype(np.int64)
+
+
+def mirrored_arm_link():
+    """arm_link mirrored in y with its triangles kept: what a mirrored node transform or a
+    negative <mesh scale> gives a loader that does not re-wind (the solid: the mirrored part)."""
+    v, t = arm_link()
+    v = v * np.array([1.0, -1.0, 1.0]) + np.array([0.0, 0.02, 0.0])
+    return v, t
+
+
+def overlapping_one_inside_out():
+    """overlapping_boxes with the second body wound inward (a multi-body export with one
+    inverted part; the solid: the union)."""
+    return _merge(ref.box((0.2, 0.2, 0.2)), inside_out(_moved(ref.box((0.2, 0.2, 0.2)), (0.1, 0.05, 0.03))))
+
+
+def open_cup_flipped():
+    """The open cup with three of its ten triangles reversed (an open surface, inconsistent)."""
+    v, t = ref.open_box((0.2, 0.2, 0.2))
+    t = np.array(t, copy=True)
+    t[[0, 3, 7]] = t[[0, 3, 7]][:, ::-1]
     return v, t
 
 
@@ -218,6 +281,11 @@ class Case:
     auto: str  # what auto must choose
     exact: tuple  # sign methods that must agree with the reference winding number
     note: str = ""
+    solid: object = None  # builds the mesh whose winding number is the truth (default: build)
+
+    def truth(self):
+        """(vertices, triangles) of the original solid, that the reference labels come from."""
+        return (self.solid or self.build)()
 
 
 ALL = ("normal", "default", "winding_number", "parity")
@@ -236,10 +304,33 @@ CORPUS = [
     Case("concave_vertex", concave_vertex, "normal", ALL),
     Case("sliver_box", sliver_box, "normal", ALL, "aspect ratio 300:1"),
     Case("open_cup", open_cup, "winding_number", ("winding_number",), "open surface"),
-    Case("flipped_faces", flipped_faces, "winding_number", ("winding_number",), "2 of 12 triangles flipped"),
+    Case("flipped_faces", flipped_faces, "normal", ALL, "2 of 12 triangles flipped", lambda: ref.box((0.2, 0.2, 0.2))),
     Case("degenerate_triangles", degenerate_triangles, "normal", ALL, "zero-area triangles"),
     Case("icosphere_soup", icosphere_soup, "normal", ALL, "unindexed, symmetric: ties at the centre"),
     Case("capsule", capsule, "normal", ALL, "ties on the axis"),
+    # Winding repaired at add (robot_sdf.mesh_analysis.orient_components): judged against the
+    # original solid.
+    Case("inside_out_box", lambda: inside_out(ref.box((0.3, 0.2, 0.1))), "normal", ALL, "every triangle reversed",
+         lambda: ref.box((0.3, 0.2, 0.1))),
+    Case("inside_out_icosphere", lambda: inside_out(ref.icosphere(0.2, 2)), "normal", ALL, "an inverted STL sphere",
+         lambda: ref.icosphere(0.2, 2)),
+    Case("inside_out_capsule", lambda: inside_out(capsule()), "normal", ALL, "ties on the axis, inverted", capsule),
+    Case("arm_link", arm_link, "normal", ALL, "real-size CAD part, 60:1 slivers"),
+    Case("arm_link_fine", lambda: arm_link(sections=512, chamfer=0.004), "normal", ALL,
+         "real-size, 512 sections: 0.6 m x 0.9 mm slivers (640:1)"),
+    Case("inside_out_arm_link", lambda: inside_out(arm_link()), "normal", ALL, "real-size CAD part, inverted",
+         arm_link),
+    Case("arm_link_flipped_5", lambda: flipped_share(arm_link(), 0.05), "normal", ALL, "5 % of triangles flipped",
+         arm_link),
+    Case("arm_link_flipped_10", lambda: flipped_share(arm_link(), 0.10), "normal", ALL, "10 % flipped", arm_link),
+    Case("arm_link_flipped_30", lambda: flipped_share(arm_link(), 0.30), "normal", ALL, "30 % flipped", arm_link),
+    Case("capsule_flipped_10", lambda: flipped_share(capsule(), 0.10, seed=3), "normal", ALL, "10 % flipped", capsule),
+    Case("mirrored_arm_link", mirrored_arm_link, "normal", ALL, "mirrored, winding kept (inside out)",
+         lambda: inside_out(mirrored_arm_link())),
+    Case("overlapping_one_inside_out", overlapping_one_inside_out, "winding_number", ("winding_number",),
+         "two bodies, one inverted", overlapping_boxes),
+    Case("open_cup_flipped", open_cup_flipped, "winding_number", ("winding_number",),
+         "open, 3 of 10 flipped: made consistent with the majority", open_cup),
 ]
 BIG = Case("big_torus", big_torus, "normal", ("normal", "winding_number"), "204,800 triangles")
 
@@ -277,7 +368,7 @@ def main() -> None:
     for case in CORPUS + [BIG]:
         v, t = case.build()
         pts = sample_points(v, 100 if case is BIG else 400)
-        sd_ref, _, _, clear = reference_labels(pts, v, t)
+        sd_ref, _, _, clear = reference_labels(pts, *case.truth())
         cells = []
         world = MeshWorld(device="cpu", max_distance=0.01)
         t0 = time.perf_counter()

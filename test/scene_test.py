@@ -113,7 +113,7 @@ BAD_ENTRIES = {
     "negative env": ("id: negenv\n    primitive: {type: sphere, radius: 1}\n    env: -1", "negenv"),
     "unknown key": ("id: typo\n    primitive: {type: sphere, radius: 1}\n    colour: red", "typo"),
     "duplicate id": ("id: ok\n    primitive: {type: sphere, radius: 1}", "ok"),
-    "bad scale": ("id: scaled\n    mesh: meshes/wall.stl\n    scale: -2", "scaled"),
+    "bad scale": ("id: scaled\n    mesh: meshes/wall.stl\n    scale: 0", "scaled"),
     "unknown sign method": ("id: signed\n    primitive: {type: sphere, radius: 1}\n    sign_method: vote", "signed"),
 }
 

@@ -56,7 +56,7 @@ def test_exact_methods_match_the_winding_number(case, device):
     at every point 1 mm or more from the surface (and away from w = 0.5), and so does auto."""
     v, t = case.build()
     pts = corpus.sample_points(v, 300)
-    sd_ref, _, _, clear = corpus.reference_labels(pts, v, t)
+    sd_ref, _, _, clear = corpus.reference_labels(pts, *case.truth())
     max_d = 0.05
     expected = np.where((sd_ref < 0) | (sd_ref < max_d), sd_ref, max_d)
     for method in case.exact + ("auto",):
@@ -68,14 +68,15 @@ def test_exact_methods_match_the_winding_number(case, device):
 
 @pytest.mark.parametrize("case", [c for c in corpus.CORPUS if c.name in
                                   ("overlapping_boxes", "nested_shells", "open_cup", "touching_boxes",
-                                   "flipped_faces", "thin_ridge", "concave_vertex", "self_intersecting_shell")],
+                                   "flipped_faces", "thin_ridge", "concave_vertex", "self_intersecting_shell",
+                                   "inside_out_box", "arm_link_flipped_30", "overlapping_one_inside_out")],
                          ids=lambda c: c.name)
 def test_deep_centres_pay_for_any_max_dist(case):
     """No sphere whose centre is inside costs 0, whatever max_dist, and its cost is the
     reference's (overlapping bodies, nested shells, open and inconsistent meshes)."""
     v, t = case.build()
     pts = corpus.sample_points(v, 400, seed=3)
-    sd_ref, _, _, clear = corpus.reference_labels(pts, v, t)
+    sd_ref, _, _, clear = corpus.reference_labels(pts, *case.truth())
     inside = clear & (sd_ref < 0)
     assert inside.sum() >= 10
     radius, eta = 0.005, 0.01
@@ -266,6 +267,40 @@ def test_sliver_accuracy(pose, device):
     assert np.degrees(np.max(np.arccos(cos))) <= 0.5
 
 
+@pytest.mark.parametrize("name", ["sliver_box", "arm_link_fine"])
+def test_sliver_accuracy_at_every_distance(name, device):
+    """Distance within 1e-6 m and direction within 0.5 degrees from 0.1 mm out to max_dist (and
+    inside), on sliver-heavy real-size meshes: beyond SLIVER_REACH the float64 re-search looks
+    around the point Warp found. Points near a tie of distinct features (a jump of the gradient
+    itself: reference.gradient_ambiguity) are left out."""
+    case = next(c for c in corpus.CORPUS if c.name == name)
+    v, t = case.build()
+    v = np.asarray(v, np.float32).astype(np.float64)
+    rng = np.random.default_rng(7)
+    dists = np.array([1e-4, 1e-3, 1e-2, 0.03, 0.1, 0.2, 0.3, 0.45])
+    base = _surface_samples(v, t, 80 * len(dists), rng)
+    direction = rng.normal(size=base.shape)
+    direction /= np.linalg.norm(direction, axis=1, keepdims=True)
+    deep = rng.uniform(v.min(0), v.max(0), size=(150, 3))
+    pts = np.concatenate([base + direction * np.repeat(dists, 80)[:, None], deep])
+    if name == "arm_link_fine":
+        # Off the tube, near the edges between its slivers (where Warp's float32 search may pick
+        # the neighbour), 2 cm to 45 cm out.
+        n, sector = 1500, 2 * np.pi / 512
+        angle = rng.integers(0, 512, n) * sector + rng.uniform(-0.5, 0.5, n) * sector
+        out = 0.075 + np.exp(rng.uniform(np.log(0.02), np.log(0.45), n))
+        pts = np.concatenate([pts, np.stack([rng.uniform(-0.28, 0.28, n), out * np.cos(angle),
+                                             out * np.sin(angle)], 1)])
+    max_d = 0.5
+    sd_ref, g_ref, _ = ref.signed_distance(pts, v, t)
+    keep = (np.abs(sd_ref) >= 1e-4) & (sd_ref <= max_d) & (ref.gradient_ambiguity(pts, v, t, delta=2e-6) < 5e-3)
+    assert keep.sum() > 0.5 * len(pts) and (sd_ref[keep] > 0.2).sum() > 60
+    d, g, _ = world_sd(case.build()[0], case.build()[1], pts, "auto", device, max_distance=max_d)
+    assert np.max(np.abs(d[keep] - sd_ref[keep])) <= 1e-6
+    cos = np.clip(np.einsum("ij,ij->i", g[keep], g_ref[keep]) / np.linalg.norm(g[keep], axis=1), -1, 1)
+    assert np.degrees(np.max(np.arccos(cos))) <= 0.5
+
+
 def test_world_frame_mesh_is_recentred(device):
     """A mesh given in world coordinates far from the origin keeps float32-level accuracy and a
     tight bounding sphere (the world re-centres it)."""
@@ -322,3 +357,125 @@ def test_coarse_winding_number_within_margin(case, tier):
                                                     coarse, fine], device="cpu")
     gap = np.abs(coarse.numpy() - fine.numpy())
     assert gap.max() < 0.5 * margin, (case.name, float(gap.max()))
+
+
+# ------------------------------------------------------------------- winding repaired at add
+def test_inside_out_sphere_is_solid_for_auto(device):
+    """The issue's case: an icosphere with every triangle reversed reads as the solid sphere
+    (centre sd = -0.196 m, not +0.196), and mesh_info says what was repaired."""
+    v, t = sphere_mesh(0.2)
+    flipped = np.ascontiguousarray(t[:, ::-1])
+    given = flipped.copy()
+    d, _, world = world_sd(v, flipped, [[0.0, 0.0, 0.0], [0.1, 0.0, 0.0]], "auto", device, max_distance=0.5)
+    want = ref.signed_distance(np.array([[0.0, 0.0, 0.0], [0.1, 0.0, 0.0]]), v, t)[0]
+    assert np.all(d < 0) and np.allclose(d, want, atol=1e-6)
+    info = world.mesh_info("m")
+    assert info["sign_method"] == "normal"
+    assert info["orientation"]["components_reversed"] == 1 and info["orientation"]["faces_reversed"] == len(t)
+    assert np.array_equal(flipped, given)  # the caller's array is not touched
+    _, stored, _, _ = world.mesh_geometry("m")
+    assert np.array_equal(stored, t)
+    # a refit keeps the repaired winding
+    world.update_vertices("m", v * 1.5)
+    d, _ = world.signed_distance(torch.zeros(1, 3, device=world.device))
+    assert float(d[0]) == pytest.approx(float(ref.signed_distance(np.zeros((1, 3)), v * 1.5, t)[0][0]), abs=1e-6)
+
+
+@pytest.mark.parametrize("name, reversed_components, faces", [
+    ("arm_link_flipped_5", 0, None), ("arm_link_flipped_30", 0, None), ("inside_out_arm_link", 1, None),
+    ("overlapping_one_inside_out", 1, 12), ("open_cup_flipped", 0, 3), ("hollow_shell", 0, 0),
+    ("nested_shells", 0, 0), ("arm_link", 0, 0)])
+def test_orientation_report(name, reversed_components, faces):
+    """mesh_info "orientation" counts the triangles reversed: exactly those that differ from the
+    original solid's winding; a hollow's inward cavity and a nested shell stay as they were."""
+    case = next(c for c in corpus.CORPUS if c.name == name)
+    v, t = case.build()
+    tv, tt = case.truth()
+    world = MeshWorld(device="cpu")
+    world.add_mesh("m", v, t)
+    info = world.mesh_info("m")["orientation"]
+    differ = int(np.count_nonzero(np.any(np.asarray(t) != np.asarray(tt), axis=1))) if faces is None else faces
+    assert info["faces_reversed"] == differ
+    assert info["components_reversed"] == reversed_components
+    if name != "open_cup_flipped":
+        assert info["closed_components"] == info["components"]
+    _, stored, _, _ = world.mesh_geometry("m")
+    if name != "overlapping_one_inside_out":
+        assert np.array_equal(stored, np.asarray(tt)) or name in ("hollow_shell", "nested_shells")
+
+
+def test_non_orientable_patch_is_left_as_given():
+    """A Moebius band cannot be oriented: reported, its triangles kept, winding_number chosen."""
+    n = 24
+    u = np.linspace(0, 2 * np.pi, n, endpoint=False)
+    ring = []
+    for s in (-0.05, 0.05):
+        r = 0.3 + s * np.cos(u / 2)
+        ring.append(np.stack([r * np.cos(u), r * np.sin(u), s * np.sin(u / 2)], 1))
+    v = np.concatenate(ring)
+    t = []
+    for i in range(n):
+        j = (i + 1) % n
+        a, b = i, n + i
+        c, d = (j, n + j) if j else (n + j, j)  # the half twist joins the last column crossed
+        t += [(a, c, b), (b, c, d)]
+    t = np.array(t)
+    world = MeshWorld(device="cpu")
+    world.add_mesh("m", v, t)
+    info = world.mesh_info("m")
+    assert info["orientation"]["non_orientable"] == 1 and info["orientation"]["faces_reversed"] == 0
+    assert info["sign_method"] == "winding_number"
+    assert np.array_equal(world.mesh_geometry("m")[1], t)
+
+
+def test_mirrored_collada_is_the_mirrored_solid(tmp_path, device):
+    """A COLLADA node with a mirroring matrix, loaded by robot_sdf.io and added with every sign
+    method: the signed distance of the mirrored part (reference: mirrored vertices, reversed
+    triangles) at points in and around it."""
+    from io_test import _collada
+
+    from robot_sdf.io import load_mesh
+
+    v0, t0 = corpus.arm_link()
+    mirror = np.diag([1.0, -1.0, 1.0, 1.0])
+    mirror[:3, 3] = (0.1, 0.2, 0.0)
+    path = tmp_path / "mirrored_link.dae"
+    path.write_text(_collada({"link": (v0, t0)}, [("link", mirror)]))
+    v, t = load_mesh(path)
+    want_v, want_t = v0 @ mirror[:3, :3].T + mirror[:3, 3], t0[:, ::-1]
+    pts = corpus.sample_points(want_v, 300)
+    sd_ref, _, _, clear = corpus.reference_labels(pts, want_v, want_t)
+    for method in ("auto",) + corpus.ALL:
+        d, _, _ = world_sd(v, t, pts, method, device, max_distance=0.05)
+        assert np.array_equal(d[clear] < 0, sd_ref[clear] < 0), method
+        assert np.allclose(d[clear], np.minimum(sd_ref[clear], 0.05), atol=2e-5), method
+    # the same part given with a mirroring <mesh scale> and the winding the file has
+    obj = tmp_path / "link.obj"
+    trimesh.Trimesh(v0, t0, process=False).export(str(obj))
+    sv, st = load_mesh(obj, scale=(1.0, -1.0, 1.0))
+    d, _, world = world_sd(sv, st, pts - mirror[:3, 3], "auto", device, max_distance=0.05)
+    assert world.mesh_info("m")["orientation"]["faces_reversed"] == 0  # the loader already re-wound it
+    assert np.array_equal(d[clear] < 0, sd_ref[clear] < 0)
+
+
+def test_repaired_mesh_keeps_its_given_triangles_for_refits():
+    """A re-sent inside-out mesh with the triangles it was added with is recognised as the same
+    topology (the ROS ADD path then refits); a shared geometry split by update_vertices starts
+    from the triangles as given and repairs them again."""
+    v, t = sphere_mesh(0.2)
+    flipped = np.ascontiguousarray(t[:, ::-1])
+    world = MeshWorld(device="cpu", max_distance=0.5)
+    world.add_mesh("a", v, flipped)
+    world.add_mesh("b", v, flipped, pose=(1.0, 0, 0, 1, 0, 0, 0))
+    assert world.same_triangles("a", flipped) and world.same_triangles("a", flipped.reshape(-1).astype(np.uint32))
+    assert not world.same_triangles("a", t) and not world.same_triangles("a", flipped[:-1])
+    world.update_vertices("b", v * 2.0)  # shared geometry: b gets its own, built from the given triangles
+    assert world.same_triangles("b", flipped)
+    assert world.mesh_info("b")["orientation"]["faces_reversed"] == len(t)
+    d, _ = world.signed_distance(torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]]))
+    want_a = ref.signed_distance(np.zeros((1, 3)), v, t)[0][0]
+    want_b = ref.signed_distance(np.zeros((1, 3)), v * 2.0, t)[0][0]
+    assert float(d[0]) == pytest.approx(min(want_a, ref.signed_distance(np.array([[-1.0, 0, 0]]), v * 2.0, t)[0][0]),
+                                        abs=1e-6)
+    assert float(d[1]) == pytest.approx(min(want_b, ref.signed_distance(np.array([[1.0, 0, 0]]), v, t)[0][0]),
+                                        abs=1e-6)

@@ -8,8 +8,6 @@ was seen before). An ADD keeps a DISABLEd id disabled (docs/design.md "Messages 
 """
 from __future__ import annotations
 
-import numpy as np
-
 from robot_sdf.ros import conversions as conv
 
 
@@ -37,9 +35,7 @@ def apply_add(world, name: str, env: int, msg, config, pose) -> str:
     if exists and len(msg.vertices) > 0:
         vertices = conv.as_float32(msg.vertices)
         triangles = conv.as_uint32(msg.triangles)
-        _, old_t, _, _ = world.mesh_geometry(name, env)
-        if triangles.size == 0 or (triangles.size == old_t.size
-                                   and np.array_equal(triangles, old_t.reshape(-1))):
+        if triangles.size == 0 or world.same_triangles(name, triangles, env):
             rev = world.update_vertices(name, vertices, env=env, pose=pose)
             return f"{vertices.size // 3} vertices, same topology: refit -> revision {rev}"
     vertices, triangles = conv.mesh_arrays(msg)
