@@ -169,23 +169,10 @@ def resolve_uri(uri: str, urdf_path: str | Path, package_dirs: Mapping[str, str 
 
 
 def load_scaled_mesh(path: str | Path, scale) -> tuple[np.ndarray, np.ndarray]:
-    """Mesh file with a URDF ``<mesh scale="sx sy sz">`` applied: (V, 3) float32, (T, 3) int32.
-
-    A mirroring scale (negative determinant) reverses the triangles so they stay counter-clockwise
-    seen from outside. (Kept in one place: io.load_mesh takes a uniform positive scale only.)
-    """
-    s = np.ones(3) if scale is None else np.asarray(scale, dtype=np.float64).reshape(-1)
-    if s.size == 1:
-        s = np.repeat(s, 3)
-    if s.shape != (3,) or not np.isfinite(s).all() or np.any(s == 0):
-        raise ValueError(f"{path}: mesh scale must be three non-zero numbers, got {scale!r}")
-    if np.all(s == s[0]) and s[0] > 0:
-        return io.load_mesh(path, float(s[0]))
-    v, t = io.load_mesh(path)
-    v = (v.astype(np.float64) * s).astype(np.float32)
-    if np.prod(s) < 0:
-        t = np.ascontiguousarray(t[:, ::-1])
-    return v, t
+    """Mesh file with a URDF ``<mesh scale="sx sy sz">`` applied (None = 1): (V, 3) float32,
+    (T, 3) int32. io.load_mesh applies it; a mirroring scale (negative determinant) reverses the
+    triangles so they stay counter-clockwise seen from outside. ValueError for a zero factor."""
+    return io.load_mesh(path, 1.0 if scale is None else scale)
 
 
 def origin_matrix(origin) -> np.ndarray:
