@@ -218,10 +218,14 @@ def _rss_mb(pid: int) -> float:
 
 def test_memory_returns_after_removing_big_meshes(node):
     """10 distinct 100k-triangle meshes (~10 MB of BVHs and arrays each in the node) ADDed and
-    REMOVEd: the node's RSS returns within 50 MB of where it started (heap trimmed after REMOVE).
+    REMOVEd, twice with new geometry: after the first REMOVEs the node's RSS gives back at least
+    two thirds of what the ADDs took (heap trimmed after REMOVE), and a second round ends within
+    40 MB of where the first ended, so the meshes are not kept (a leak would add their ~100 MB
+    per round). Where RSS settles above the start depends on the allocator's fragmentation in
+    this process (34-110 MB were seen for the same code in one session); the soak's memory phase
+    (bench/soak.py --only memory, 40 x 200k with the default cache) reports the figure.
     This node runs with geometry_cache_mb=0, so the budget measures what leaks, not the cache
-    (its byte bound is tested in world_memory_test.py). bench/soak.py --only memory runs
-    40 x 200k with the default cache."""
+    (its byte bound is tested in world_memory_test.py)."""
     pub = _publisher(node)
     start = _rss_mb(node.node.proc.pid)
     n = 224  # sheet of 2 * 224^2 = 100k triangles
@@ -230,20 +234,25 @@ def test_memory_returns_after_removing_big_meshes(node):
     idx = np.arange((n + 1) ** 2).reshape(n + 1, n + 1)
     a, b, c, d = idx[:-1, :-1], idx[1:, :-1], idx[1:, 1:], idx[:-1, 1:]
     t = np.concatenate([np.stack([a, b, c], -1).reshape(-1, 3), np.stack([a, c, d], -1).reshape(-1, 3)])
-    rev = node.revision()
-    for i in range(10):
-        pub.publish(make_mesh_obstacle(f"big{i}", v * np.float32(1 + 0.01 * i), t, _pose(0.0, 40.0 + 2 * i)))
-    rh.wait_until(lambda: node.revision() >= rev + 10, 60.0, 0.2, what="10 big ADDs")
-    full = _rss_mb(node.node.proc.pid)
-    for i in range(10):
-        pub.publish(make_mesh_obstacle(f"big{i}", None, None, operation=MeshObstacle.REMOVE))
-    rh.wait_until(lambda: node.revision() >= rev + 20, 60.0, 0.2, what="10 REMOVEs")
-    assert full > start + 60  # the meshes did take memory (~10 MB each)
-    # the heap trim runs shortly after a REMOVE (on a loaded machine, later): poll for it
-    rss = []
-    try:
-        rh.wait_until(lambda: rss.append(_rss_mb(node.node.proc.pid)) or rss[-1] < start + 50, 60.0, 0.2,
-                      what="the node's RSS to return within 50 MB of its start")
-    finally:
-        print(f"node RSS: start {start:.0f} MB, with 10 x 100k triangles {full:.0f} MB, after REMOVE "
-              f"{rss[-1] if rss else float('nan'):.0f} MB")
+    settled = []
+    for round_ in range(2):
+        rev = node.revision()
+        for i in range(10):
+            scale = np.float32(1 + 0.01 * i + 0.2 * round_)
+            pub.publish(make_mesh_obstacle(f"big{i}", v * scale, t, _pose(0.0, 40.0 + 2 * i)))
+        rh.wait_until(lambda: node.revision() >= rev + 10, 60.0, 0.2, what="10 big ADDs")
+        full = _rss_mb(node.node.proc.pid)
+        for i in range(10):
+            pub.publish(make_mesh_obstacle(f"big{i}", None, None, operation=MeshObstacle.REMOVE))
+        rh.wait_until(lambda: node.revision() >= rev + 20, 60.0, 0.2, what="10 REMOVEs")
+        assert full > start + 60  # the meshes did take memory (~10 MB each)
+        # the heap trim runs shortly after a REMOVE (on a loaded machine, later): poll for it
+        allowed = start + max(50.0, (full - start) / 3.0) if round_ == 0 else settled[0] + 40.0
+        rss = []
+        try:
+            rh.wait_until(lambda: rss.append(_rss_mb(node.node.proc.pid)) or rss[-1] < allowed, 60.0, 0.2,
+                          what=f"the node's RSS to come down below {allowed:.0f} MB (round {round_ + 1})")
+        finally:
+            print(f"node RSS round {round_ + 1}: start {start:.0f} MB, with 10 x 100k triangles {full:.0f} MB, "
+                  f"after REMOVE {rss[-1] if rss else float('nan'):.0f} MB")
+        settled.append(rss[-1])
