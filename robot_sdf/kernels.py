@@ -651,9 +651,9 @@ def query_env(
 
 # CUDA only: both query kernels sit at the 255-register cap and spill (docs/benchmarks.md, issue
 # 18). launch_bounds: Warp's default block size, which every launch of these kernels uses.
-# Shared-memory spilling (enable_cuda_smem_spilling) is off: with the slot BVH's traversal stack
-# beside the mesh queries' the static shared memory passed the 48 KB limit and ptxas refused the
-# kernels (test/cuda_build_test.py caught it).
+# Shared-memory spilling (enable_cuda_smem_spilling) is off: its spill area beside Warp's shared
+# traversal stacks passed the 48 KB static limit and ptxas refused the kernels
+# (test/cuda_build_test.py caught it); the slot BVH walk keeps its stack in local memory.
 @wp.kernel(launch_bounds=256)
 def sphere_cost_kernel(
     spheres: wp.array(dtype=wp.vec4),
