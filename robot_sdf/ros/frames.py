@@ -18,12 +18,17 @@ Transforms come from a *transform buffer*, anything with
 Two live buffers ship here, both on a companion node ``<name>_tf`` spun by its own thread and
 running on the node's clock (``use_sim_time`` is mirrored onto it, also when it changes):
 
-- ``Tf2Buffer``: tf2_ros.Buffer + TransformListener (tf2_ros clears its buffer itself when the
-  clock jumps back). Needs a ROS install (tf2_ros is not among the pip wheels).
+- ``Tf2Buffer``: tf2_ros.Buffer + TransformListener. Needs a ROS install (tf2_ros is not among
+  the pip wheels).
 - ``TopicTransformBuffer``: the fallback where tf2_ros cannot be imported: a ``TransformCache``
   (tf2's BufferCore rules in numpy) fed from ``/tf`` and ``/tf_static`` where tf2_msgs can be
-  imported, else from ``~/transforms`` (geometry_msgs/TransformStamped); it clears the dynamic
-  transforms on a jump back in time as tf2_ros.Buffer does.
+  imported, else from ``~/transforms`` (geometry_msgs/TransformStamped).
+
+Both clear their dynamic transforms when the clock jumps back by JUMP_BACK_NS or more or the time
+source changes, with tf2_ros.Buffer's rule and message, through a jump callback of their own:
+tf2_ros.Buffer's own callback is absent before tf2_ros_py 0.32.2 (Humble, Iron) and raises a
+TypeError from 0.32.2 until geometry2 PR #711 (its ``time_jump_callback`` lacks ``self``), which
+rclpy re-raises into whoever changed the time, so Tf2Buffer replaces it.
 
 Static transforms given as the ``static_transforms`` parameter are inserted as static ones into
 either. Poses are 7-vectors x, y, z, qw, qx, qy, qz (metres, scalar-first quaternion), as in the
@@ -194,6 +199,7 @@ class TransformCache:
     def set_transform(self, parent: str, child: str, stamp_ns: int, pose, static: bool = False) -> bool:
         """Insert the pose (7,) of ``child`` in ``parent``; False when dropped as too old.
         ValueError (nothing stored) for empty or equal frame names and invalid poses."""
+        parent, child = parent.lstrip("/"), child.lstrip("/")  # tf2 strips a leading slash on insertion
         if not parent or not child or parent == child:
             raise ValueError(f"transform '{parent}' -> '{child}': frames must be two non-empty, different names")
         p = geometry.validate_pose(pose)
@@ -247,6 +253,9 @@ class TransformCache:
     def _path(self, target: str, source: str) -> tuple[list[str], list[str]]:
         """Frames below the common ancestor on the source side and on the target side."""
         for name, f in (("target_frame", target), ("source_frame", source)):
+            if not f or f.startswith("/"):  # tf2's validateFrameId: InvalidArgumentException
+                raise LookupFailed(f"invalid {name} '{f}': a frame name must be non-empty and must not "
+                                   f"start with '/'", INVALID)
             if f not in self._static and f not in self._stamped and f not in self._parents:
                 raise LookupFailed(f"frame '{f}' ({name}) does not exist; known frames: "
                                    f"{', '.join(sorted(self._frames())) or 'none'}", UNKNOWN_FRAME)
@@ -375,8 +384,23 @@ class _CompanionNode:
     def _spin(self) -> None:
         try:
             self._executor.spin()
-        except Exception:  # noqa: BLE001 - context shut down
-            pass
+        except Exception as exc:  # noqa: BLE001 - a context shut down ends here too
+            if self._context.ok():
+                self._node.get_logger().error(f"transform listener stopped: {exc!r}")
+
+    def _watch_clock_jumps(self, clear) -> None:
+        """Call ``clear()`` (and log tf2's message) when this node's clock jumps back by
+        JUMP_BACK_NS or more or its time source changes: tf2_ros.Buffer's rule."""
+        from rclpy.clock import JumpThreshold
+        from rclpy.duration import Duration
+
+        def on_jump(jump) -> None:
+            self._node.get_logger().warning(JUMP_BACK_TEXT)
+            clear()
+
+        threshold = JumpThreshold(min_forward=None, min_backward=Duration(nanoseconds=-JUMP_BACK_NS),
+                                  on_clock_change=True)
+        self._jump_handle = self._node.get_clock().create_jump_callback(threshold, post_callback=on_jump)
 
     def set_use_sim_time(self, value: bool) -> None:
         from rclpy.parameter import Parameter
@@ -391,6 +415,9 @@ class _CompanionNode:
 
     def close(self) -> None:
         self._stop_spinning()
+        handle = getattr(self, "_jump_handle", None)
+        if handle is not None:
+            handle.unregister()
         self._node.destroy_node()
 
 
@@ -413,8 +440,11 @@ class Tf2Buffer(_CompanionNode):
         classes = (("LookupException", UNKNOWN_FRAME), ("ConnectivityException", NOT_CONNECTED),
                    ("ExtrapolationException", EXTRAPOLATION), ("TimeoutException", TIMEOUT))
         self._reasons = tuple((getattr(tf2_ros, name), reason) for name, reason in classes if hasattr(tf2_ros, name))
-        # The Buffer registers its clear-on-jump-back callback on this node's clock (sim time here).
         self.buffer = tf2_ros.Buffer(node=self._node)
+        own = getattr(self.buffer, "jump_handle", None)  # see the module docstring: replaced by ours
+        if own is not None:
+            own.unregister()
+        self._watch_clock_jumps(self.buffer.clear)
         try:
             self._listener = tf2_ros.TransformListener(self.buffer, self._node, spin_thread=False,
                                                        tf_topic=tf_topic, tf_static_topic=tf_static_topic)
@@ -472,8 +502,6 @@ class TopicTransformBuffer(_CompanionNode):
     def __init__(self, name: str, namespace: str, context, static: list[tuple[str, str, np.ndarray]],
                  use_sim_time: bool = False, transforms_topic: str = "~/transforms",
                  tf_topic: str = "/tf", tf_static_topic: str = "/tf_static") -> None:
-        from rclpy.clock import JumpThreshold
-        from rclpy.duration import Duration
         from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile
 
         super().__init__(name, namespace, context, use_sim_time)
@@ -494,9 +522,7 @@ class TopicTransformBuffer(_CompanionNode):
             self._node.create_subscription(TransformStamped, transforms_topic, lambda m: self._insert((m,), False),
                                            volatile)
             self.topics = (transforms_topic,)
-        threshold = JumpThreshold(min_forward=None, min_backward=Duration(nanoseconds=-JUMP_BACK_NS),
-                                  on_clock_change=True)
-        self._jump_handle = self._node.get_clock().create_jump_callback(threshold, post_callback=self._on_jump)
+        self._watch_clock_jumps(self.cache.clear)
         self._start(name)
 
     def _insert(self, transforms, static: bool) -> None:
@@ -511,10 +537,6 @@ class TopicTransformBuffer(_CompanionNode):
             except ValueError as exc:
                 self._logger.warning(f"ignoring transform: {exc}", throttle_duration_sec=1.0)
 
-    def _on_jump(self, jump) -> None:
-        self._logger.warning(JUMP_BACK_TEXT)
-        self.cache.clear()
-
     def lookup(self, target_frame: str, source_frame: str, stamp_ns: int | None,
                timeout_s: float) -> np.ndarray:
         return self.cache.lookup(target_frame, source_frame, stamp_ns, timeout_s)
@@ -522,9 +544,6 @@ class TopicTransformBuffer(_CompanionNode):
     def latest_stamp(self, target_frame: str, source_frame: str) -> int | None:
         return self.cache.latest_stamp(target_frame, source_frame)
 
-    def close(self) -> None:
-        self._jump_handle.unregister()
-        super().close()
 
 
 # ------------------------------------------------------------------ resolver

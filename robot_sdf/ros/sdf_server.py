@@ -390,7 +390,10 @@ class SdfServer(Node):
     def _after_set_parameters(self, params) -> None:
         for p in params:
             if p.name == "use_sim_time" and self._tf is not None:  # the tf listener follows this node's clock
-                self._tf.set_use_sim_time(bool(p.value))
+                try:
+                    self._tf.set_use_sim_time(bool(p.value))
+                except Exception as exc:  # noqa: BLE001 - a parameter service must not die
+                    self.get_logger().error(f"the transform listener could not follow use_sim_time: {exc!r}")
         changes = {p.name: p.value for p in params if p.name in DYNAMIC_PARAMETERS}
         if not changes or self.config is None:
             return  # an unconfigured node reads every value in configure_server()
