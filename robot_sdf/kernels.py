@@ -989,6 +989,14 @@ def swept_slot_cost(
     if n_sides == 0:
         return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
     inv_2k = 1.0 / (2.0 * float(sweep_steps))
+    # Samples of both sides searched in one more traversal when p is inside deeper than r + eta
+    # (deep_batch: side 0's samples deep_lo0 .. deep_hi0 - 1, then side 1's deep_lo1 .. deep_hi1 - 1).
+    deep_batch = vec16()
+    deep_done = bool(False)
+    deep_lo0 = int(0)
+    deep_hi0 = int(0)
+    deep_lo1 = int(0)
+    deep_hi1 = int(0)
     for side in range(2):
         if (side == 0 and has_prev == 0) or (side == 1 and has_next == 0):
             continue
@@ -1034,11 +1042,38 @@ def swept_slot_cost(
                     known = reach_b
                     face = int(-1)
                     covered = k >= batch_start and k < batch_end
+                    in_deep = (side == 0 and k >= deep_lo0 and k < deep_hi0) or (
+                        side == 1 and k >= deep_lo1 and k < deep_hi1)
                     if covered:
                         face = face_of(side_batch[1 + k - batch_start])
+                    elif in_deep:
+                        face = face_of(deep_batch[wp.where(side == 0, 1 + k - deep_lo0,
+                                                           1 + deep_hi0 - deep_lo0 + k - deep_lo1)])
                     elif k <= n_first:
                         face = face_of(batch[first_entry + k])
-                    if face < 0 and not covered and (k > n_first or (chain_inside and last_inside)):
+                    if face < 0 and not covered and not in_deep and k <= n_first and chain_inside and last_inside \
+                            and not deep_done:
+                        # p is inside deeper than r + eta: this side's samples from here on and, when
+                        # the other side's first sample found nothing within r + eta either, that
+                        # side's samples, in one traversal (each within the Lipschitz bound from p:
+                        # found for sure, no ray).
+                        deep_done = True
+                        if side == 0:
+                            deep_lo0 = k
+                            deep_hi0 = n_first + 1
+                            if has_next == 1:
+                                if face_of(batch[first_entry + n_first + 1]) < 0:
+                                    deep_lo1 = 1
+                                    deep_hi1 = n_first + 1
+                        else:
+                            deep_lo1 = k
+                            deep_hi1 = n_first + 1
+                        deep_batch = mesh_closest_points(mesh, p, 0.0, seg_prev, float(deep_lo0) * inv_2k,
+                                                         deep_hi0 - deep_lo0, seg_next, float(deep_lo1) * inv_2k,
+                                                         deep_hi1 - deep_lo1, inv_2k, reach_b, chain_abs, True)
+                        face = face_of(deep_batch[1])
+                        in_deep = True
+                    if face < 0 and not covered and not in_deep and (k > n_first or (chain_inside and last_inside)):
                         # The samples from here on, in one more traversal: beyond the first batch,
                         # or p is inside deeper than r + eta (each sample is then searched within
                         # the Lipschitz bound from p: found for sure, no ray).
