@@ -320,6 +320,29 @@ def signed_result(delta: wp.vec3, dist: float, inside: float, outward: wp.vec3):
 
 
 @wp.func
+def closed_inside_bound(mesh: wp.uint64, p: wp.vec3) -> float:
+    """One ray from p into a closed, consistently oriented shell: -1 when it proves p outside,
+    else a bound on p's distance to the surface if p is inside (UNBOUNDED where the ray only
+    grazes an edge: then the exact closest-feature test decides)."""
+    # The first surface a ray meets is entered from outside (front face) or left from inside
+    # (back face). A hit near an edge, where a ray may only graze, decides nothing.
+    t_hit = float(0.0)
+    bu = float(0.0)
+    bv = float(0.0)
+    ray_sign = float(0.0)
+    ray_n = wp.vec3(0.0, 0.0, 0.0)
+    ray_face = int(0)
+    if not wp.mesh_query_ray(mesh, p, INSIDE_RAY, UNBOUNDED, t_hit, bu, bv, ray_sign, ray_n, ray_face):
+        return -1.0
+    if wp.min(wp.min(bu, bv), 1.0 - bu - bv) > EDGE_MARGIN:
+        if wp.dot(INSIDE_RAY, ray_n) <= 0.0:
+            return -1.0
+        # Inside: the closest surface point is no farther than the hit.
+        return t_hit * 1.001 + 1.0e-6
+    return UNBOUNDED
+
+
+@wp.func
 def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_radius: float, sign_method: int):
     """Signed distance of mesh-frame point p to one mesh, searched up to ``bound`` outside.
 
@@ -391,22 +414,9 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     if deep:
         search = UNBOUNDED
         if pseudo:
-            # Closed shell: the first surface a ray meets is entered from outside (front face)
-            # or left from inside (back face). A hit near an edge, where a ray may only graze,
-            # leaves it to the exact closest-feature test below.
-            t_hit = float(0.0)
-            bu = float(0.0)
-            bv = float(0.0)
-            ray_sign = float(0.0)
-            ray_n = wp.vec3(0.0, 0.0, 0.0)
-            ray_face = int(0)
-            if not wp.mesh_query_ray(mesh, p, INSIDE_RAY, UNBOUNDED, t_hit, bu, bv, ray_sign, ray_n, ray_face):
+            search = closed_inside_bound(mesh, p)
+            if search < 0.0:
                 return found, sd, grad
-            if wp.min(wp.min(bu, bv), 1.0 - bu - bv) > EDGE_MARGIN:
-                if wp.dot(INSIDE_RAY, ray_n) <= 0.0:
-                    return found, sd, grad
-                # Inside: the closest surface point is no farther than the hit.
-                search = t_hit * 1.001 + 1.0e-6
         if pseudo or winding:
             hit = wp.mesh_query_point_no_sign(mesh, p, search, face, u, v)
         else:
@@ -743,16 +753,19 @@ wp::vec3 lo = a;
 wp::vec3 hi = a;
 float worst = best[0];
 float frac[16];
+float off[16];
 frac[0] = 0.0f;
+off[0] = 0.0f;
 for (int j = 1; j < count_pts; ++j) {
     const float s = j <= n1c ? s1 + ds * (float)(j - 1) : s2 + ds * (float)(j - 1 - n1c);
     frac[j] = s;
     const wp::vec3 offset = (j <= n1c ? d1 : d2) * s;
     pts[j] = a + offset;
+    off[j] = wp::length(offset);
     // 1-Lipschitz: the closest surface point of a is within base of a.
     float b = reach;
     if (base >= 0.0f) {
-        const float lip = (base + wp::length(offset)) * 1.0001f + 1.0e-6f;
+        const float lip = (base + off[j]) * 1.0001f + 1.0e-6f;
         b = base_inside ? lip : wp::min(reach, lip);
     }
     best[j] = b * b;
@@ -797,11 +810,19 @@ while (count) {
             const wp::vec2 bary_a = wp::closest_point_to_triangle(p, q, r, a);
             const wp::vec3 from_c = a - (bary_a[0] * p + bary_a[1] * q + (1.0f - bary_a[0] - bary_a[1]) * r);
             const float a_sq = wp::length_sq(from_c);
+            const float a_dist = wp::sqrt(a_sq);
             if (in_reach[0] && a_sq < best[0]) {
                 best[0] = a_sq;
                 best_face[0] = tri;
+                if (base_inside) {
+                    // Each point's closest surface point is within a's best so far plus its
+                    // offset (1-Lipschitz): a loose base tightens as a's search goes.
+                    for (int j = 1; j < count_pts; ++j) {
+                        const float b = (a_dist + off[j]) * 1.0001f + 1.0e-6f;
+                        best[j] = wp::min(best[j], b * b);
+                    }
+                }
             }
-            const float a_dist = wp::sqrt(a_sq);
             float slope1 = 0.0f;
             float slope2 = 0.0f;
             float slack = 1.0e30f;
@@ -958,6 +979,14 @@ def swept_slot_cost(
     found = int(0)
     sd = float(0.0)
     grad_sd = wp.vec3(0.0, 0.0, 0.0)
+    # Samples of both sides searched in one more traversal when p is inside deeper than r + eta
+    # (deep_batch: side 0's samples deep_lo0 .. deep_hi0 - 1, then side 1's deep_lo1 .. deep_hi1 - 1).
+    deep_batch = vec16()
+    deep_done = bool(False)
+    deep_lo0 = int(0)
+    deep_hi0 = int(0)
+    deep_lo1 = int(0)
+    deep_hi1 = int(0)
     if batched:
         # p (within its bound) and the samples of both sides (within r + eta: their cost needs
         # nothing farther) in one traversal.
@@ -972,8 +1001,31 @@ def swept_slot_cost(
             sd, grad_sd = signed_result(d_vec, dist, inside, outward)
             found = 1
         else:
-            # Nothing within bound_p: only the inside test (a zero bound ends Warp's search at once).
-            found, sd, grad_sd = mesh_signed_distance(mesh, p, 0.0, cull_radius, sign_method)
+            # Nothing within bound_p: outside unless p is deep inside, which only a point in the
+            # mesh's box can be (mesh_signed_distance's inside test). One ray decides; where p
+            # may be inside, p and the samples of both sides are searched in one traversal, the
+            # samples within the Lipschitz bound from p (found for sure, tightened as p's
+            # search narrows).
+            m = wp.mesh_get(mesh)
+            lo = m.velocities[data]
+            hi = m.velocities[data + 1]
+            search = float(-1.0)
+            if p[0] >= lo[0] and p[1] >= lo[1] and p[2] >= lo[2] and p[0] <= hi[0] and p[1] <= hi[1] and p[2] <= hi[2]:
+                search = closed_inside_bound(mesh, p)
+            if search > 0.0:
+                deep_batch = mesh_closest_points(mesh, p, search, seg_prev, inv_2k, has_prev * n_first, seg_next,
+                                                 inv_2k, has_next * n_first, inv_2k, reach_b, search, True)
+                face = face_of(deep_batch[0])
+                if face >= 0:
+                    d_vec, dist, inside, outward = closest_feature(mesh, p, face, 1.0, data, True)
+                    if inside < 0.0:
+                        sd, grad_sd = signed_result(d_vec, dist, inside, outward)
+                        found = 1
+                        deep_done = True
+                        deep_lo0 = 1
+                        deep_hi0 = 1 + has_prev * n_first
+                        deep_lo1 = 1
+                        deep_hi1 = 1 + has_next * n_first
     else:
         found, sd, grad_sd = mesh_signed_distance(mesh, p, bound_p, cull_radius, sign_method)
     clearance = bound0
@@ -989,14 +1041,6 @@ def swept_slot_cost(
     if n_sides == 0:
         return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
     inv_2k = 1.0 / (2.0 * float(sweep_steps))
-    # Samples of both sides searched in one more traversal when p is inside deeper than r + eta
-    # (deep_batch: side 0's samples deep_lo0 .. deep_hi0 - 1, then side 1's deep_lo1 .. deep_hi1 - 1).
-    deep_batch = vec16()
-    deep_done = bool(False)
-    deep_lo0 = int(0)
-    deep_hi0 = int(0)
-    deep_lo1 = int(0)
-    deep_hi1 = int(0)
     for side in range(2):
         if (side == 0 and has_prev == 0) or (side == 1 and has_next == 0):
             continue
