@@ -8,6 +8,7 @@ analytic box distances.
 """
 from __future__ import annotations
 
+import signal
 import time
 
 import numpy as np
@@ -546,6 +547,22 @@ def test_failed_requests_carry_the_world_revision(server):
     assert not resp.success and resp.message
     assert resp.world_revision == current
 
+
+
+def test_sigusr1_writes_every_thread_stack_and_the_node_serves_on(server):
+    """The supervisor's diagnosis before a kill (ServerProcess.stop): SIGUSR1 puts every
+    thread's Python stack in the log; the node keeps answering."""
+    server.node.proc.send_signal(signal.SIGUSR1)
+    log = rh.wait_until(lambda: "Current thread" in server.node.log() and server.node.log(), 60.0,
+                        what="the stack dump in the log")
+    dump = log[log.index("Thread 0x") if "Thread 0x" in log else log.index("Current thread"):]
+    # the executor's worker threads and the world-update thread besides the main one
+    assert dump.count("Thread 0x") + dump.count("Current thread 0x") >= 3, dump
+    assert 'File "' in dump and "sdf_server.py" in dump, dump
+    assert server.node.alive()
+    req = QuerySignedDistance.Request(points=float32_array([5.0, 5.0, 5.0]))
+    resp = server.harness.call(server.sd, req)
+    assert resp.success, resp.message
 
 def test_world_update_node_follows_remaps():
     """A `__node:=` remap in the process arguments renames the server only (no duplicate node

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import faulthandler
 import math
+import signal
 import sys
 import threading
 import time
@@ -1082,6 +1083,9 @@ def run_node(node_class: type[Node], args: list[str] | None = None) -> int:
     # A crash in native code (rclpy, Warp, torch) then leaves the Python stacks of every thread in
     # the node's log instead of a bare exit status -11.
     faulthandler.enable()
+    # SIGUSR1 writes every thread's Python stack to the log and the node runs on: a supervisor
+    # (robot_sdf.ros.server_process) asks for it before killing a node that did not stop.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     rclpy.init(args=args)
     node: Node | None = None
     executor: MultiThreadedExecutor | None = None

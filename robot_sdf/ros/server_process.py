@@ -59,13 +59,21 @@ class ServerProcess:
         return "\n".join("    | " + s for s in self.log().splitlines()[-lines:])
 
     def stop(self) -> int:
-        """SIGINT (clean shutdown, exit code 0), then kill after 10 s; returns the exit code."""
+        """SIGINT (clean shutdown, exit code 0), then kill after 10 s; returns the exit code.
+
+        A node that is still running after 10 s first gets SIGUSR1, on which it writes every
+        thread's Python stack into its log (faulthandler), so a hang in shutdown can be read there.
+        """
         if self.alive():
             self.proc.send_signal(signal.SIGINT)
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+                self.proc.send_signal(signal.SIGUSR1)
+                try:
+                    self.proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(timeout=10)
         self._log.close()
         return self.proc.returncode
