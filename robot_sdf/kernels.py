@@ -743,24 +743,48 @@ const wp::Mesh m = wp::mesh_get(mesh);
 const int n1c = n1 < 15 ? (n1 > 0 ? n1 : 0) : 15;
 const int n2c = n2 < 15 - n1c ? (n2 > 0 ? n2 : 0) : 15 - n1c;
 const int count_pts = 1 + n1c + n2c;
-wp::vec3 pts[16];
+// Per point, in 16 lanes as a structure of arrays (unused lanes: best 0, never in reach), so
+// that the tests of all points against a leaf or a triangle are branch-free loops over fixed
+// lanes (vectorised on the CPU); only the points that pass get a closest-point test. A GPU
+// thread does not vectorise: there the loops run over the points in use only.
+#if defined(__CUDA_ARCH__)
+#define SWEPT_LANES count_pts
+#else
+#define SWEPT_LANES 16
+#endif
+float px[16];
+float py[16];
+float pz[16];
 float best[16];
+float off[16];
+float fs1[16];
+float fs2[16];
 int best_face[16];
-pts[0] = a;
+for (int j = 0; j < 16; ++j) {
+    px[j] = a[0];
+    py[j] = a[1];
+    pz[j] = a[2];
+    best[j] = 0.0f;
+    off[j] = 0.0f;
+    fs1[j] = 0.0f;
+    fs2[j] = 0.0f;
+    best_face[j] = -1;
+}
 best[0] = bound_a > 0.0f ? bound_a * bound_a : 0.0f;
-best_face[0] = -1;
 wp::vec3 lo = a;
 wp::vec3 hi = a;
 float worst = best[0];
-float frac[16];
-float off[16];
-frac[0] = 0.0f;
-off[0] = 0.0f;
 for (int j = 1; j < count_pts; ++j) {
-    const float s = j <= n1c ? s1 + ds * (float)(j - 1) : s2 + ds * (float)(j - 1 - n1c);
-    frac[j] = s;
-    const wp::vec3 offset = (j <= n1c ? d1 : d2) * s;
-    pts[j] = a + offset;
+    const bool first_side = j <= n1c;
+    const float s = first_side ? s1 + ds * (float)(j - 1) : s2 + ds * (float)(j - 1 - n1c);
+    // The fraction along each side's direction (0 on the other side): the tangent bound below.
+    fs1[j] = first_side ? s : 0.0f;
+    fs2[j] = first_side ? 0.0f : s;
+    const wp::vec3 offset = (first_side ? d1 : d2) * s;
+    const wp::vec3 pt = a + offset;
+    px[j] = pt[0];
+    py[j] = pt[1];
+    pz[j] = pt[2];
     off[j] = wp::length(offset);
     // 1-Lipschitz: the closest surface point of a is within base of a.
     float b = reach;
@@ -769,9 +793,8 @@ for (int j = 1; j < count_pts; ++j) {
         b = base_inside ? lip : wp::min(reach, lip);
     }
     best[j] = b * b;
-    best_face[j] = -1;
-    lo = wp::min(lo, pts[j]);
-    hi = wp::max(hi, pts[j]);
+    lo = wp::min(lo, pt);
+    hi = wp::max(hi, pt);
     worst = wp::max(worst, best[j]);
 }
 int stack[BVH_QUERY_STACK_SIZE];
@@ -787,13 +810,15 @@ while (count) {
     if (wp::length_sq(gap) >= worst)
         continue;
     if (nl.b) {
-        bool in_reach[16];
-        bool any_in_reach = false;
-        for (int j = 0; j < count_pts; ++j) {
-            in_reach[j] = wp::distance_to_aabb_sq(pts[j], node_lo, node_hi) < best[j];
-            any_in_reach = any_in_reach || in_reach[j];
+        // Points whose best so far is farther than the leaf's box (bit j for point j).
+        unsigned int in_reach = 0u;
+        for (int j = 0; j < SWEPT_LANES; ++j) {
+            const float gx = wp::max(wp::max(nl.x - px[j], px[j] - nu.x), 0.0f);
+            const float gy = wp::max(wp::max(nl.y - py[j], py[j] - nu.y), 0.0f);
+            const float gz = wp::max(wp::max(nl.z - pz[j], pz[j] - nu.z), 0.0f);
+            in_reach |= (gx * gx + gy * gy + gz * gz < best[j] ? 1u : 0u) << j;
         }
-        for (int prim = (int)nl.i; any_in_reach && prim < (int)nu.i; ++prim) {
+        for (int prim = (int)nl.i; in_reach != 0u && prim < (int)nu.i; ++prim) {
             const int tri = m.bvh.primitive_indices[prim];
             const wp::vec3 p = m.points[m.indices[tri * 3 + 0]];
             const wp::vec3 q = m.points[m.indices[tri * 3 + 1]];
@@ -811,7 +836,7 @@ while (count) {
             const wp::vec3 from_c = a - (bary_a[0] * p + bary_a[1] * q + (1.0f - bary_a[0] - bary_a[1]) * r);
             const float a_sq = wp::length_sq(from_c);
             const float a_dist = wp::sqrt(a_sq);
-            if (in_reach[0] && a_sq < best[0]) {
+            if ((in_reach & 1u) && a_sq < best[0]) {
                 best[0] = a_sq;
                 best_face[0] = tri;
                 if (base_inside) {
@@ -832,15 +857,24 @@ while (count) {
                 // Float32 rounding of the distances stays far below this margin [m].
                 slack = 2.0e-6f + 1.0e-5f * a_dist;
             }
-            for (int j = 1; j < count_pts; ++j) {
-                if (!in_reach[j])
-                    continue;
-                const float sure = a_dist + frac[j] * (j <= n1c ? slope1 : slope2) - slack;
-                if (sure > 0.0f && sure * sure >= best[j])
-                    continue;
-                const wp::vec2 bary = wp::closest_point_to_triangle(p, q, r, pts[j]);
+            // Points in reach that the tangent bound does not rule out (never a itself).
+            unsigned int test = 0u;
+            for (int j = 1; j < SWEPT_LANES; ++j) {
+                const float sure = a_dist + fs1[j] * slope1 + fs2[j] * slope2 - slack;
+                test |= (sure > 0.0f && sure * sure >= best[j] ? 0u : 1u) << j;
+            }
+            test &= in_reach;
+            while (test != 0u) {
+#if defined(__CUDA_ARCH__)
+                const int j = __ffs(test) - 1;
+#else
+                const int j = __builtin_ctz(test);
+#endif
+                test &= test - 1u;
+                const wp::vec3 pt(px[j], py[j], pz[j]);
+                const wp::vec2 bary = wp::closest_point_to_triangle(p, q, r, pt);
                 const wp::vec3 c = bary[0] * p + bary[1] * q + (1.0f - bary[0] - bary[1]) * r;
-                const float dist_sq = wp::length_sq(c - pts[j]);
+                const float dist_sq = wp::length_sq(c - pt);
                 if (dist_sq < best[j]) {
                     best[j] = dist_sq;
                     best_face[j] = tri;
@@ -848,7 +882,7 @@ while (count) {
             }
         }
         worst = 0.0f;
-        for (int j = 0; j < count_pts; ++j)
+        for (int j = 0; j < SWEPT_LANES; ++j)
             worst = wp::max(worst, best[j]);
     } else {
         const int children[2] = {(int)nl.i, (int)nu.i};
@@ -859,6 +893,18 @@ while (count) {
             const wp::vec3 g = wp::max(wp::max(wp::vec3(cl.x, cl.y, cl.z) - hi, lo - wp::vec3(cu.x, cu.y, cu.z)),
                                        wp::vec3(0.0f));
             child_gap[c] = wp::length_sq(g);
+            if (child_gap[c] < worst) {
+                // Some point's best so far farther than the child's box?
+                bool any = false;
+                for (int j = 0; j < SWEPT_LANES; ++j) {
+                    const float gx = wp::max(wp::max(cl.x - px[j], px[j] - cu.x), 0.0f);
+                    const float gy = wp::max(wp::max(cl.y - py[j], py[j] - cu.y), 0.0f);
+                    const float gz = wp::max(wp::max(cl.z - pz[j], pz[j] - cu.z), 0.0f);
+                    any |= gx * gx + gy * gy + gz * gz < best[j];
+                }
+                if (!any)
+                    child_gap[c] = worst;
+            }
         }
         // The nearer child last, so that it is searched first.
         const int first = child_gap[0] < child_gap[1] ? 1 : 0;
@@ -868,6 +914,7 @@ while (count) {
             stack[count++] = children[1 - first];
     }
 }
+#undef SWEPT_LANES
 wp::vec_t<16, float> out;
 for (int j = 0; j < 16; ++j) {
     union { int i; float f; } bits;
@@ -883,8 +930,11 @@ def mesh_closest_points(mesh: wp.uint64, a: wp.vec3, bound_a: float, d1: wp.vec3
     searched within ``reach``, or, where a's unsigned distance ``base`` (>= 0) is known, within
     base + its distance to a (1-Lipschitz; always when a is inside: a deep point is found without
     a ray), whichever is smaller. The points lie on two short segments from a, so their searches
-    visit nearly the same nodes; a leaf's triangles are tested against a point only where the
-    leaf's box is nearer than the point's best (a per-triangle box test cost more than it saved).
+    visit nearly the same nodes; a child node is entered only where its box is nearer than some
+    point's best, and a leaf's triangles are tested against a point only where the leaf's box is
+    nearer than the point's best (a per-triangle box test cost more than it saved). The per-point
+    tests against a box or a triangle's tangent bound run over 16 fixed lanes without branches
+    (the CPU compiler vectorises them); only the points that pass get a closest-point test.
     Entries hold the triangle's index as float bits (face_of reads them), -1 for none. Candidates are those of Warp's mesh_query_point_no_sign (slivers
     skipped alike)."""
     ...
