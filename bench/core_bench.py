@@ -586,6 +586,7 @@ def raw_mesh_table(b: Bench) -> None:
             plain, swept = CostRunner(world, plain_spheres), CostRunner(world, traj)
             cases[f"plain, {name}"] = plain.forward_backward
             cases[f"swept, {name}"] = swept.swept_forward_backward
+            cases[f"plain on the swept spheres, {name}"] = swept.forward_backward
         if b.device == "cpu":
             cases = {k: (lambda f=f: _one_thread(f)) for k, f in cases.items()}
         res = b.timed(cases, reps=3 if b.quick else 7)
@@ -594,8 +595,11 @@ def raw_mesh_table(b: Bench) -> None:
             for name in worlds:
                 st = res[f"{kind}, {name}"]
                 count = bt * h * n
-                rows.append([label, kind, name, st.ms(), f"{1e9 * st.median / count:,.0f}", f"{st.median / base:.2f}"])
-    emit(table(["spheres", "cost", "world tensors", "median ms (p25-p75)", "ns / sphere", "/ radius filled"], rows))
+                same = res[f"plain on the swept spheres, {name}"].median
+                rows.append([label, kind, name, st.ms(), f"{1e9 * st.median / count:,.0f}", f"{st.median / base:.2f}",
+                             f"{st.median / same:.2f}" if kind == "swept" else ""])
+    emit(table(["spheres", "cost", "world tensors", "median ms (p25-p75)", "ns / sphere", "/ radius filled",
+                "swept / plain on the same spheres"], rows))
 
 
 def _one_thread(fn: Callable[[], object]) -> None:
