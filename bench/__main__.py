@@ -15,7 +15,9 @@ import time
 def _private_ros_env() -> int:
     """DDS discovery on loopback and a ROS domain of our own, before anything imports rclpy."""
     os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
-    domain = 1 + (os.getpid() * 13 + 61) % 100
+    from robot_sdf.ros.server_process import reserve_domain_id
+
+    domain = reserve_domain_id(1 + (os.getpid() * 13 + 61) % 100)
     os.environ["ROS_DOMAIN_ID"] = str(domain)
     return domain
 

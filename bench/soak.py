@@ -44,6 +44,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from robot_sdf.ros.server_process import reserve_domain_id
+
 REPO = Path(__file__).resolve().parents[1]
 NODE = "/sdf_server"
 MAX_D = 0.5
@@ -912,7 +914,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     _start_watchdog(args.timeout if args.timeout is not None else args.duration + 900.0)
     os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
-    domain = 1 + (os.getpid() * 17 + 29) % 100
+    domain = reserve_domain_id(1 + (os.getpid() * 17 + 29) % 100)
     os.environ["ROS_DOMAIN_ID"] = str(domain)
     print(f"# robot_sdf soak (ROS_DOMAIN_ID={domain}, loopback only; load average {os.getloadavg()[0]:.2f})")
     t0 = time.monotonic()

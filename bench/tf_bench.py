@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from robot_sdf.ros.server_process import reserve_domain_id
+
 REPO = Path(__file__).resolve().parents[1]
 FLOOD_IDS = ("camera_person", "camera_chair", "camera_table")
 FLOOD_HZ_PER_ID = 10.0
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-repo", type=Path, default=REPO, help="checkout to run the node from")
     args = parser.parse_args(argv)
     os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
-    os.environ["ROS_DOMAIN_ID"] = str(1 + (os.getpid() * 17 + 29) % 100)
+    os.environ["ROS_DOMAIN_ID"] = str(reserve_domain_id(1 + (os.getpid() * 17 + 29) % 100))
     run(args.quick, args.node_repo.resolve())
     return 0
 

@@ -8,6 +8,7 @@ The run is the shipped scene with seed 0 (about 30 control steps, a few seconds 
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ import pytest
 import yaml
 
 import reference as ref
+from robot_sdf.ros.server_process import reserve_domain_id
 
 REPO = Path(__file__).resolve().parents[1]
 SCENE = REPO / "config" / "arm_world.yaml"
@@ -28,9 +30,10 @@ MAX_STEPS = 80
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+@functools.cache
 def _domain_id() -> int:
-    # Offset differs from the other modules' so modules of one pytest run never share a domain.
-    return 1 + (os.getpid() * 11 + 37) % 100
+    # reserved on this machine: concurrent test runs never share a domain
+    return reserve_domain_id(1 + (os.getpid() * 11 + 37) % 100)
 
 
 @pytest.fixture(scope="module")

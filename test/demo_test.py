@@ -14,6 +14,7 @@ content.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -26,6 +27,7 @@ import pytest
 import yaml
 
 import reference as ref
+from robot_sdf.ros.server_process import reserve_domain_id
 
 REPO = Path(__file__).resolve().parents[1]
 SCENE = REPO / "config" / "demo_world.yaml"
@@ -37,9 +39,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 pytestmark = pytest.mark.timeout(900)
 
 
+@functools.cache
 def _domain_id() -> int:
-    # Offset differs from test/ros_helpers.py so modules of one pytest run never share a domain.
-    return 1 + (os.getpid() * 7 + 61) % 100
+    # reserved on this machine: concurrent test runs never share a domain
+    return reserve_domain_id(1 + (os.getpid() * 7 + 61) % 100)
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ SIGINT (then SIGKILL). The test side uses its own rclpy Context spun in a backgr
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -28,7 +29,7 @@ from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
 
 import reference as ref  # noqa: E402
-from robot_sdf.ros.server_process import ServerProcess  # noqa: E402
+from robot_sdf.ros.server_process import ServerProcess, reserve_domain_id  # noqa: E402
 
 NODE = "/sdf_server"
 SERVICE_TIMEOUT_S = 60.0
@@ -39,9 +40,11 @@ MARKER_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE,
                         durability=DurabilityPolicy.TRANSIENT_LOCAL)
 
 
+@functools.cache
 def domain_id(offset: int) -> int:
-    """A ROS domain id in 1..100 for this process and module (offset per test module)."""
-    return 1 + (os.getpid() * 7 + offset) % 100
+    """A ROS domain id in 1..100 of this process's test module ``offset`` (the same id on every
+    call), reserved on this machine (reserve_domain_id): concurrent test runs never share one."""
+    return reserve_domain_id(1 + (os.getpid() * 7 + offset) % 100)
 
 
 def ros_env(domain: int) -> dict[str, str]:

@@ -63,8 +63,11 @@ def ros_problem() -> str | None:
 
 
 def default_domain_id() -> int:
-    """A ROS domain id in 1..100 derived from the pid, so concurrent runs do not meet."""
-    return 1 + (os.getpid() * 13 + 29) % 100
+    """A ROS domain id in 1..100 reserved for this process on this machine (derived from the
+    pid, the next free one if another run holds it), so concurrent runs do not meet."""
+    from robot_sdf.ros.server_process import reserve_domain_id
+
+    return reserve_domain_id(1 + (os.getpid() * 13 + 29) % 100)
 
 
 def write_node_params(params_file: Path, out_dir: Path) -> Path:

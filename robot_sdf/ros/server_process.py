@@ -1,15 +1,50 @@
-"""Run the sdf_server node as a subprocess (demo, tests): start, wait until ready, stop.
+"""Run the sdf_server node as a subprocess (demo, tests): start, wait until ready, stop; and
+reserve a private ROS domain id for it.
 
 Imports no ROS module, so a caller can report a missing ROS install itself.
 """
 from __future__ import annotations
 
+import fcntl
+import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+# ROS_DOMAIN_IDs handed out: 1..DOMAIN_COUNT (DDS ports of higher ids can collide with the
+# ephemeral port range on Linux).
+DOMAIN_COUNT = 100
+# domain id -> open lock file; held (so the id stays reserved) until this process exits.
+_reserved_domains: dict[int, int] = {}
+
+
+def reserve_domain_id(preferred: int) -> int:
+    """A ROS_DOMAIN_ID in 1..DOMAIN_COUNT that no other process on this machine has reserved
+    here: the first id from ``preferred`` on (wrapping) whose lock file in the temp directory
+    this process can lock exclusively (flock). The lock is held until the process exits, so two
+    test runs, demos or benchmarks started side by side (CI jobs on one host, a developer's
+    worktrees) never share a domain: with discovery on localhost, a shared domain lets one
+    run's nodes answer, or receive meshes from, the other's. ``preferred`` is usually derived
+    from the pid. RuntimeError when all ids are taken.
+    """
+    lock_dir = Path(tempfile.gettempdir())
+    for step in range(DOMAIN_COUNT):
+        domain = 1 + (preferred - 1 + step) % DOMAIN_COUNT
+        if domain in _reserved_domains:
+            continue
+        fd = os.open(lock_dir / f"robot_sdf_ros_domain_{domain}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        _reserved_domains[domain] = fd
+        return domain
+    raise RuntimeError(f"all ROS domain ids 1..{DOMAIN_COUNT} are reserved by other processes on this machine")
 
 
 class ServerProcess:
