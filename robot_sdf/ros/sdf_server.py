@@ -1073,6 +1073,10 @@ def use_node_switch_interval() -> None:
 _LOG_APPLIED_LINE = SdfServer._log_applied.__code__.co_firstlineno
 
 
+# Longest wait of the node's main executor before it looks at its context again [s].
+SPIN_POLL_S = 0.25
+
+
 def run_node(node_class: type[Node], args: list[str] | None = None) -> int:
     """Run ``node_class()`` on a multi-threaded executor until shutdown (SIGINT: exit code 0).
 
@@ -1093,7 +1097,13 @@ def run_node(node_class: type[Node], args: list[str] | None = None) -> int:
         node = node_class()
         executor = MultiThreadedExecutor(num_threads=4)
         executor.add_node(node)
-        executor.spin()
+        # Not executor.spin(): under load, rclpy 9 can leave it waiting for good after SIGINT
+        # (the SIGINT guard condition woke the wait while the context was still ok; the context
+        # was shut down a moment later by rclpy's signal thread, and nothing woke the next wait;
+        # seen as a node stuck in _wait_for_ready_callbacks, killed after 10 s). Each wait
+        # ends after SPIN_POLL_S at the latest, so a shut-down context is seen within that.
+        while node.context.ok():
+            executor.spin_once(timeout_sec=SPIN_POLL_S)
     except ConfigError as exc:
         rclpy.logging.get_logger(NODE_NAME).error(f"invalid configuration: {exc}")
         return 2
