@@ -343,7 +343,8 @@ def closed_inside_bound(mesh: wp.uint64, p: wp.vec3) -> float:
 
 
 @wp.func
-def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_radius: float, sign_method: int):
+def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_radius: float, sign_method: int,
+                         need: float):
     """Signed distance of mesh-frame point p to one mesh, searched up to ``bound`` outside.
 
     Returns (found, sd, grad_sd): found = 0 when the point is outside and no surface is within
@@ -355,6 +356,14 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     The distance and its direction are re-evaluated in float64 on the triangle found, relative
     to its first corner. With robot_sdf's sign data, ``normal`` is the angle-weighted pseudo-normal
     of the closest feature (Baerentzen & Aanaes), exact wherever faces tie.
+
+    ``need`` (<= bound: the caller needs no outside result with sd >= need; >= bound: every
+    result) lets a mesh with robot_sdf's sign data and no slivers whose inside test does not come
+    from the closest feature (winding_number), or comes from it exactly (normal on a mesh that auto
+    classified as one closed, consistently oriented shell without self-intersections), be searched within need first: where nothing is
+    that near, a point is found only if it is inside. A result with sd < need is the one the full
+    search gives (the same triangle: a search within a smaller bound visits the same nodes in the
+    same order up to its bound); an outside one beyond need may then be left out (found = 0).
     """
     found = int(0)
     sd = float(0.0)
@@ -369,6 +378,14 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     # checked by mesh_sign_method).
     winding = method == SIGN_WINDING_NUMBER and data >= 0
 
+    # Search within need first (see above): a closed shell's pseudo-normal sign is exact, the
+    # winding number does not depend on the search, and without slivers the float64 distance
+    # of what the float32 search found stays within the margin of it.
+    first = bound
+    if data >= 0 and (winding or (pseudo and m.velocities[data + 4][1] != 0.0)) \
+            and m.velocities[data + 3][2] == 0.0:
+        first = wp.min(bound, need * REACH_MARGIN + REACH_SLACK)
+
     inside = float(1.0)
     face = int(0)
     u = float(0.0)
@@ -378,7 +395,7 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     # evaluated at one call site below for hits and deep centres alike (each inlined copy of
     # Warp's traversal costs instruction cache in this one large CPU kernel).
     if pseudo or winding:
-        hit = wp.mesh_query_point_no_sign(mesh, p, bound, face, u, v)
+        hit = wp.mesh_query_point_no_sign(mesh, p, first, face, u, v)
     else:
         hit, inside, face, u, v = query_closest(mesh, p, bound, method)
     deep = bool(False)
@@ -396,7 +413,7 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
                 if centre_dist > winding_info[0]:
                     return found, sd, grad
                 box_gap = wp.length(wp.max(wp.max(lo - p, p - hi), wp.vec3(0.0, 0.0, 0.0)))
-                far = wp.max(bound, box_gap)
+                far = wp.max(first, box_gap)
                 if m.velocities[data + 4][0] < 2.0 * wp.pi * far * far:
                     return found, sd, grad
             elif p[0] < lo[0] or p[1] < lo[1] or p[2] < lo[2] or p[0] > hi[0] or p[1] > hi[1] or p[2] > hi[2]:
@@ -417,6 +434,10 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
             search = closed_inside_bound(mesh, p)
             if search < 0.0:
                 return found, sd, grad
+            if first < bound:
+                # Searched within need only: a point inside is found as the full search finds
+                # it, however near the ray's hit (no surface within bound changes it).
+                search = wp.max(search, bound)
         if pseudo or winding:
             hit = wp.mesh_query_point_no_sign(mesh, p, search, face, u, v)
         else:
@@ -572,12 +593,13 @@ def sphere_world_cost(
     slot_sign: wp.array2d(dtype=wp.uint8),
     slot_bvh: wp.array(dtype=wp.uint64),
 ):
-    """Unweighted cost of one sphere summed over the meshes of ``env``, its world-frame gradient,
-    and the clearance max(min_i sd_i - r - eta, 0) (= max_dist when no surface is in range)."""
+    """Unweighted cost of one sphere summed over the meshes of ``env`` and its world-frame gradient.
+    Only surfaces nearer than r + eta (and inside centres) cost: each mesh is searched within that
+    first where its sign allows (mesh_signed_distance's ``need``), within max_dist + r + eta
+    otherwise."""
     cost = float(0.0)
     grad = wp.vec3(0.0, 0.0, 0.0)
     bound = max_dist + radius + eta
-    min_sd = bound
     count = wp.min(n_env_mesh[env], mesh_idx.shape[1])
     # The slots that may hold a surface or inside point within the search (slot BVH), or all.
     hits, n_iter, listed = slot_candidates(slot_bvh, env, n_env_mesh.shape[0], count, p, bound)
@@ -591,11 +613,10 @@ def sphere_world_cost(
         p_mesh = wp.quat_rotate(q, p) + t
         found, sd, grad_sd = mesh_signed_distance(
             wp.uint64(mesh_idx[env, slot]), p_mesh, bound, pose_inv[env, slot, 7],
-            slot_sign_method(sign_method, slot_sign, env, slot),
+            slot_sign_method(sign_method, slot_sign, env, slot), radius + eta,
         )
         if found == 0:
             continue
-        min_sd = wp.min(min_sd, sd)
         d = radius + eta - sd
         if d > 0.0:
             dcost = float(1.0)
@@ -606,8 +627,7 @@ def sphere_world_cost(
                 cost += d - 0.5 * eta
             # d d / d p = -grad_sd; back to the world frame with the inverse rotation.
             grad += wp.quat_rotate_inv(q, grad_sd * (-dcost))
-    clearance = wp.max(min_sd - radius - eta, 0.0)
-    return cost, grad, clearance
+    return cost, grad
 
 
 @wp.func
@@ -639,7 +659,7 @@ def point_world_esdf(
         p_mesh = wp.quat_rotate(q, p) + t
         found, sd, grad_sd = mesh_signed_distance(
             wp.uint64(mesh_idx[env, slot]), p_mesh, max_dist, pose_inv[env, slot, 7],
-            slot_sign_method(sign_method, slot_sign, env, slot),
+            slot_sign_method(sign_method, slot_sign, env, slot), max_dist,
         )
         if found != 0 and -sd > best:
             best = -sd
@@ -702,8 +722,7 @@ def sphere_cost_kernel(
         if env >= 0:
             cost, grad = point_world_esdf(p, max_distance[0], env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign, slot_bvh)
     elif s[3] >= 0.0 and env >= 0:
-        clearance = float(0.0)
-        cost, grad, clearance = sphere_world_cost(
+        cost, grad = sphere_world_cost(
             p, s[3], activation_distance[0], max_distance[0], env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign, slot_bvh
         )
     cost = w * cost
@@ -1077,7 +1096,7 @@ def swept_slot_cost(
                         deep_lo1 = 1
                         deep_hi1 = 1 + has_next * n_first
     else:
-        found, sd, grad_sd = mesh_signed_distance(mesh, p, bound_p, cull_radius, sign_method)
+        found, sd, grad_sd = mesh_signed_distance(mesh, p, bound_p, cull_radius, sign_method, bound_p)
     clearance = bound0
     chain_abs = bound_p
     chain_inside = bool(False)
@@ -1185,7 +1204,7 @@ def swept_slot_cost(
                     elif closed and not last_inside and last_abs + reach_b > (sk - last_s) * seg_len:
                         full = False
                 if full:
-                    found_k, sd_k, grad_k = mesh_signed_distance(mesh, q, search, cull_radius, sign_method)
+                    found_k, sd_k, grad_k = mesh_signed_distance(mesh, q, search, cull_radius, sign_method, search)
                 if full or found_k != 0:
                     mask = mask | side_bit(k)
                 clearance_k = known - reach_b
@@ -1462,7 +1481,8 @@ def sphere_world_hessian(
         p_mesh = wp.quat_rotate(q, p) + t
         mesh = wp.uint64(mesh_idx[env, slot])
         found, sd, grad_sd = mesh_signed_distance(
-            mesh, p_mesh, bound, pose_inv[env, slot, 7], slot_sign_method(sign_method, slot_sign, env, slot))
+            mesh, p_mesh, bound, pose_inv[env, slot, 7], slot_sign_method(sign_method, slot_sign, env, slot),
+            radius + eta)
         d = radius + eta - sd
         if found == 0 or d <= 0.0:
             continue
@@ -1498,7 +1518,8 @@ def point_world_esdf_hessian(
         p_mesh = wp.quat_rotate(q, p) + t
         mesh = wp.uint64(mesh_idx[env, slot])
         found, sd, grad_sd = mesh_signed_distance(
-            mesh, p_mesh, max_dist, pose_inv[env, slot, 7], slot_sign_method(sign_method, slot_sign, env, slot))
+            mesh, p_mesh, max_dist, pose_inv[env, slot, 7], slot_sign_method(sign_method, slot_sign, env, slot),
+            max_dist)
         if found != 0 and -sd > best:
             best = -sd
             hess = to_world_hessian(q, -mesh_sd_hessian(mesh, p_mesh, sd, grad_sd))

@@ -110,6 +110,8 @@ class _Geometry:
         self.method = method
         self.winding_number = method == SignMethod.WINDING_NUMBER
         data[-3, 1:] = (1.0 if self.winding_number else 0.0, float(int(method)))
+        # Auto proved the pseudo-normal sign exact (a refit rewrites the data without it).
+        data[-1, 1] = 1.0 if self.classification is not None and method == SignMethod.NORMAL else 0.0
         # Kernels skip the mesh beyond this radius (+ the search bound): no surface is there and
         # no inside point (for winding_number on a surface that is not closed, that reaches
         # out to the winding radius).
