@@ -6,6 +6,7 @@ weld and _unique exist so that analysing a million-triangle mesh never holds the
 import numpy as np
 import pytest
 
+import reference as ref
 from robot_sdf import mesh_analysis
 
 
@@ -48,38 +49,6 @@ def test_scatter_min_matches_a_loop():
 
 
 # ---------------------------------------------------------------------------- sign data vs loops
-def _position_groups(v):
-    """Index of the first vertex at each vertex's exact float32 position (a dict, not weld)."""
-    first = {}
-    return np.array([first.setdefault(tuple(p), i) for i, p in enumerate(np.asarray(v, np.float32).tolist())])
-
-
-def _loop_pseudo_normals(v, t, group):
-    """Angle-weighted vertex normals (V,3) and edge normals (T,3,3) by plain loops, vertices
-    grouped by ``group`` (Baerentzen & Aanaes): the independent reference for sign_data."""
-    v = np.asarray(v, np.float64)
-    vert_sum, edge_sum = {}, {}
-
-    def unit(x):
-        length = np.linalg.norm(x)
-        return x / length if length > 0 else np.zeros(3)
-
-    for a, b, c in t:
-        n = unit(np.cross(v[b] - v[a], v[c] - v[a]))
-        corners = (a, b, c)
-        for k in range(3):
-            p, q, r = corners[k], corners[(k + 1) % 3], corners[(k + 2) % 3]
-            e1, e2 = v[q] - v[p], v[r] - v[p]
-            angle = np.arctan2(np.linalg.norm(np.cross(e1, e2)), np.dot(e1, e2))
-            vert_sum[group[p]] = vert_sum.get(group[p], np.zeros(3)) + angle * n
-            edge = frozenset((group[p], group[q]))
-            edge_sum[edge] = edge_sum.get(edge, np.zeros(3)) + n
-    vn = np.array([unit(vert_sum.get(group[i], np.zeros(3))) for i in range(len(v))])
-    en = np.array([[unit(edge_sum[frozenset((group[tri[k]], group[tri[(k + 1) % 3]]))]) for k in range(3)]
-                   for tri in t])
-    return vn, en
-
-
 def _sign_meshes():
     import mesh_corpus as corpus
 
@@ -96,7 +65,7 @@ def test_sign_data_normals_match_loops_also_after_refits(name, mesh):
 
     v, t = np.asarray(mesh[0], np.float32), np.asarray(mesh[1], np.int64)
     n_v, n_t = len(v), len(t)
-    group = _position_groups(v)  # a refit keeps the grouping of the shape it was built from
+    group = ref.position_groups(v)  # a refit keeps the grouping of the shape it was built from
     welded = mesh_analysis.weld(v)
     topology = mesh_analysis.sign_topology(t, welded)
     rng = np.random.default_rng(3)
@@ -105,7 +74,7 @@ def test_sign_data_normals_match_loops_also_after_refits(name, mesh):
         data = mesh_analysis.sign_data(shape, t, False, SignMethod.NORMAL, welded=welded,
                                        topology=topology if step else None)
         assert data.shape == (n_v + 3 * n_t + mesh_analysis.SIGN_DATA_EXTRA, 3)
-        vn, en = _loop_pseudo_normals(shape, t, group)
+        vn, en = ref.loop_pseudo_normals(shape, t, group)
         np.testing.assert_allclose(data[:n_v], vn, atol=2e-6)
         np.testing.assert_allclose(data[n_v:n_v + 3 * n_t].reshape(-1, 3, 3), en, atol=2e-6)
         s64 = shape.astype(np.float64)
@@ -124,7 +93,7 @@ def test_sign_data_passes_as_separate_launches_match_loops(name, mesh):
     v, t = np.asarray(mesh[0], np.float32), np.asarray(mesh[1], np.int64)
     writer = mesh_analysis.SignDataWriter(mesh_analysis.sign_topology(t, mesh_analysis.weld(v)), "cpu",
                                           one_launch=False)
-    group = _position_groups(v)
+    group = ref.position_groups(v)
     for shape in (v, np.asarray(v * 0.5 - 0.1, np.float32)):
         out = np.empty((writer.rows, 3), np.float32)
         points = np.empty_like(shape)
@@ -135,7 +104,7 @@ def test_sign_data_passes_as_separate_launches_match_loops(name, mesh):
                                               SignMethod.WINDING_NUMBER)
         np.testing.assert_array_equal(points, np.asarray(raw.astype(np.float64) - (0.25, -1.5, 3.0), np.float32))
         shape = points
-        vn, en = _loop_pseudo_normals(shape, t, group)
+        vn, en = ref.loop_pseudo_normals(shape, t, group)
         np.testing.assert_allclose(out[:len(v)], vn, atol=2e-6)
         np.testing.assert_allclose(out[len(v):len(v) + 3 * len(t)].reshape(-1, 3, 3), en, atol=2e-6)
         assert radius == pytest.approx(np.sqrt((shape.astype(np.float64) ** 2).sum(axis=1)).max(), rel=1e-12)
@@ -164,7 +133,6 @@ def test_orient_components_restores_every_part():
     clean), a hollow (outer box with an inward cavity, both flipped in part) and an open sheet
     with a minority flipped: each part comes back as built, counted per part."""
     import mesh_corpus as corpus
-    import reference as ref
 
     rng = np.random.default_rng(9)
     parts = [corpus._moved(ref.icosphere(0.1, 2), (1.0, 0, 0)), corpus._moved(corpus.capsule(), (0, 1.0, 0)),

@@ -244,6 +244,35 @@ def _surface_samples(v, t, count, rng):
     return np.einsum("ni,nij->nj", bary, tri[face])
 
 
+@pytest.mark.parametrize("name", ["open_cup", "self_intersecting_shell", "nested_shells",
+                                  "capsule"])
+def test_forced_normal_costs_by_the_pseudo_normal_at_every_distance(name, device):
+    """Sign method ``normal`` given for any mesh: a sphere costs by the pseudo-normal sign of its
+    centre's closest feature wherever that is within max_dist, also beyond r + eta, where the
+    plain cost may search a mesh only within r + eta first: on a mesh that is not one closed,
+    consistently oriented shell (open, nested, self-intersecting), the ray that would then decide
+    inside or outside follows another rule than the pseudo-normal. The closed capsule takes the
+    short search; the others must not."""
+    v, t = next(c for c in corpus.CORPUS if c.name == name).build()
+    v, t = np.asarray(v, np.float64), np.asarray(t, np.int64)
+    radius, eta, max_d = 0.01, 0.02, 0.2
+    rng = np.random.default_rng(11)
+    lo, hi = v.min(0) - 0.15, v.max(0) + 0.15
+    pts = np.concatenate([rng.uniform(lo, hi, (4000, 3)),
+                          v[rng.integers(0, len(v), 2000)] + rng.normal(0.0, 0.06, (2000, 3))])
+    sign, dist, cos = ref.pseudo_normal_sign(pts, v, t)
+    clear = (dist > 1e-3) & (dist < max_d - 0.01) & (cos > 1e-3) \
+        & (ref.gradient_ambiguity(pts, v, t, delta=1e-5) < 1e-6)
+    pts, sd = pts[clear], (sign * dist)[clear]
+    world = MeshWorld(device=device, max_distance=max_d, sign_method="normal")
+    world.add_mesh("m", v, t)
+    got = sphere_costs(world, pts, radius, eta, max_d)
+    want, _ = ref.cost_of_penetration(radius + eta - sd, eta)
+    beyond = np.abs(sd) > radius + eta
+    assert (beyond & (sd < 0)).sum() >= 50  # inside beyond r + eta: where a short search differs
+    np.testing.assert_allclose(got, want, atol=2e-5)
+
+
 @pytest.mark.parametrize("pose", [None, (1.5, -0.7, 0.9, 0.9238795, 0.0, 0.3826834, 0.0)])
 def test_sliver_accuracy(pose, device):
     """Distance within 1e-6 m and direction within 0.5 degrees at 0.1 mm and more from a mesh of
