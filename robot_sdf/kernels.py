@@ -1469,12 +1469,19 @@ def sphere_world_hessian(
     n_env_mesh: wp.array(dtype=wp.int32),
     sign_method: int,
     slot_sign: wp.array2d(dtype=wp.uint8),
+    slot_bvh: wp.array(dtype=wp.uint64),
 ) -> wp.mat33:
     """World-frame Hessian of sphere_world_cost's (unweighted) cost: per mesh with d = r + eta - sd > 0,
-    c''(d) n n^T - c'(d) H_sd (d d / d p = -n; c' = d / eta, c'' = 1 / eta below eta, else 1, 0)."""
+    c''(d) n n^T - c'(d) H_sd (d d / d p = -n; c' = d / eta, c'' = 1 / eta below eta, else 1, 0).
+    Visits the slots sphere_world_cost visits (slot BVH where the world has one)."""
     hess = wp.mat33(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     bound = max_dist + radius + eta
-    for slot in range(wp.min(n_env_mesh[env], mesh_idx.shape[1])):
+    count = wp.min(n_env_mesh[env], mesh_idx.shape[1])
+    hits, n_iter, listed = slot_candidates(slot_bvh, env, n_env_mesh.shape[0], count, p, bound)
+    for i in range(n_iter):
+        slot = candidate_slot(hits, i, listed)
+        if slot >= count:
+            continue
         if mesh_enable[env, slot] == wp.uint8(0) or mesh_idx[env, slot] == wp.int64(0):
             continue
         t, q = slot_pose(pose_inv, env, slot)
@@ -1507,11 +1514,18 @@ def point_world_esdf_hessian(
     n_env_mesh: wp.array(dtype=wp.int32),
     sign_method: int,
     slot_sign: wp.array2d(dtype=wp.uint8),
+    slot_bvh: wp.array(dtype=wp.uint64),
 ) -> wp.mat33:
-    """World-frame Hessian of point_world_esdf's max_i(-sd_i): -H_sd of the mesh attaining it."""
+    """World-frame Hessian of point_world_esdf's max_i(-sd_i): -H_sd of the mesh attaining it
+    (the slots point_world_esdf visits)."""
     best = -max_dist
     hess = wp.mat33(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-    for slot in range(wp.min(n_env_mesh[env], mesh_idx.shape[1])):
+    count = wp.min(n_env_mesh[env], mesh_idx.shape[1])
+    hits, n_iter, listed = slot_candidates(slot_bvh, env, n_env_mesh.shape[0], count, p, max_dist)
+    for i in range(n_iter):
+        slot = candidate_slot(hits, i, listed)
+        if slot >= count:
+            continue
         if mesh_enable[env, slot] == wp.uint8(0) or mesh_idx[env, slot] == wp.int64(0):
             continue
         t, q = slot_pose(pose_inv, env, slot)
@@ -1541,6 +1555,7 @@ def sphere_hessian_kernel(
     spheres_per_batch: int,
     sign_method: int,
     slot_sign: wp.array2d(dtype=wp.uint8),
+    slot_bvh: wp.array(dtype=wp.uint64),
     compute_esdf: int,
     start: int,
     total: int,
@@ -1557,8 +1572,8 @@ def sphere_hessian_kernel(
     if compute_esdf != 0:
         if env >= 0:
             hess = point_world_esdf_hessian(p, max_distance[0], env, mesh_idx, pose_inv, mesh_enable, n_env_mesh,
-                                            sign_method, slot_sign)
+                                            sign_method, slot_sign, slot_bvh)
     elif s[3] >= 0.0 and env >= 0:
         hess = sphere_world_hessian(p, s[3], activation_distance[0], max_distance[0], env, mesh_idx, pose_inv,
-                                    mesh_enable, n_env_mesh, sign_method, slot_sign)
+                                    mesh_enable, n_env_mesh, sign_method, slot_sign, slot_bvh)
     out_hessian[tid] = hess * weight[0]

@@ -888,8 +888,7 @@ def launch_sphere_hessian(query_spheres, weight, activation_distance, mesh_idx, 
     constants = _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
                                     n_env_mesh, sign_method, device)
     hessian = torch.empty(b, h, n, 3, 3, dtype=torch.float32, device=device)
-    # The Hessian kernel loops over every slot (no slot BVH): it serves double backward only.
-    inputs = [_flat(spheres_data, 16), *constants[:7], _env_descriptor(env, use_env), use_env, h * n, *constants[7:9],
+    inputs = [_flat(spheres_data, 16), *constants[:7], _env_descriptor(env, use_env), use_env, h * n, *constants[7:10],
               int(bool(compute_esdf))]
     _launch(kernels.sphere_hessian_kernel, b * h * n, inputs, [_flat(hessian, 36)], device)
     return hessian

@@ -10,7 +10,7 @@ import torch
 import reference as ref
 from robot_sdf import MeshWorld
 from robot_sdf import slot_index
-from robot_sdf.warp_primitives import launch_sphere_cost, launch_swept_sphere_cost
+from robot_sdf.warp_primitives import launch_sphere_cost, launch_sphere_hessian, launch_swept_sphere_cost
 
 ETA = 0.05
 MAX_DIST = 0.2
@@ -99,6 +99,18 @@ def _check_world(world: MeshWorld, refs, rng: np.random.Generator, device: str) 
                for m in refs[env].values() if m.enabled]
         expected = np.minimum(np.min(np.stack(sds), axis=0), MAX_DIST)
         np.testing.assert_allclose(dist.cpu().numpy(), expected, rtol=0, atol=2e-5)
+
+    # Hessians (double backward) of the cost and of the esdf: trees (the snapshot as the sign
+    # argument) vs the loop (its per-slot sign methods), on the same tensors.
+    snap = world.snapshot()
+    scalar = lambda x: torch.tensor([x], dtype=torch.float32, device=device)  # noqa: E731
+    for esdf in (False, True):
+        hessians = [launch_sphere_hessian(spheres, scalar(1.0), scalar(ETA), snap.mesh_idx, snap.mesh_pose_inverse,
+                                          snap.mesh_enable, snap.n_env_mesh, scalar(MAX_DIST), env_index,
+                                          compute_esdf=esdf, sign_method=sign).cpu().numpy()
+                    for sign in (snap, snap.sign_methods)]
+        assert int((np.abs(hessians[1]).sum(axis=(-1, -2)) > 0).sum()) >= 20  # not trivially zero
+        np.testing.assert_allclose(hessians[0], hessians[1], rtol=0, atol=1e-4)
 
     # Swept cost along short trajectories (h = 4) through the same worlds: trees vs loop.
     traj = spheres[:, 0, :40].reshape(N_ENVS, 1, 40, 4).repeat(1, 4, 1, 1)
