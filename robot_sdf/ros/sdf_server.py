@@ -1103,7 +1103,13 @@ def run_node(node_class: type[Node], args: list[str] | None = None) -> int:
         # seen as a node stuck in _wait_for_ready_callbacks, killed after 10 s). Each wait
         # ends after SPIN_POLL_S at the latest, so a shut-down context is seen within that.
         while node.context.ok():
-            executor.spin_once(timeout_sec=SPIN_POLL_S)
+            try:
+                executor.spin_once(timeout_sec=SPIN_POLL_S)
+            except Exception:  # noqa: BLE001 - SIGINT shut the context down during the call
+                # (rclpy then fails to create the wait's timeout timer: RCLError); anything else
+                # with the context still up is a real error
+                if node.context.ok():
+                    raise
     except ConfigError as exc:
         rclpy.logging.get_logger(NODE_NAME).error(f"invalid configuration: {exc}")
         return 2
