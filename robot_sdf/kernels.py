@@ -542,10 +542,18 @@ def slot_candidates(slot_bvh: wp.array(dtype=wp.uint64), env: int, n_envs: int, 
 
 
 @wp.func
-def candidate_slot(hits: slot_hits_t, i: int, listed: int) -> int:
+def candidate_slot(hits: slot_hits_t, i: int, listed: int, count: int, env: int,
+                   mesh_idx: wp.array2d(dtype=wp.int64), mesh_enable: wp.array2d(dtype=wp.uint8)) -> int:
+    """The slot of a slot loop's iteration i (see slot_candidates), or -1 where there is nothing to
+    evaluate: beyond the env's count, disabled, or empty."""
+    slot = i
     if listed != 0:
-        return hits[i]
-    return i
+        slot = hits[i]
+    if slot >= count:
+        return -1
+    if mesh_enable[env, slot] == wp.uint8(0) or mesh_idx[env, slot] == wp.int64(0):
+        return -1
+    return slot
 
 
 @wp.kernel
@@ -604,10 +612,8 @@ def sphere_world_cost(
     # The slots that may hold a surface or inside point within the search (slot BVH), or all.
     hits, n_iter, listed = slot_candidates(slot_bvh, env, n_env_mesh.shape[0], count, p, bound)
     for i in range(n_iter):
-        slot = candidate_slot(hits, i, listed)
-        if slot >= count:
-            continue
-        if mesh_enable[env, slot] == wp.uint8(0) or mesh_idx[env, slot] == wp.int64(0):
+        slot = candidate_slot(hits, i, listed, count, env, mesh_idx, mesh_enable)
+        if slot < 0:
             continue
         t, q = slot_pose(pose_inv, env, slot)
         p_mesh = wp.quat_rotate(q, p) + t
@@ -650,10 +656,8 @@ def point_world_esdf(
     # The slots that may hold a surface or inside point within the search (slot BVH), or all.
     hits, n_iter, listed = slot_candidates(slot_bvh, env, n_env_mesh.shape[0], count, p, max_dist)
     for i in range(n_iter):
-        slot = candidate_slot(hits, i, listed)
-        if slot >= count:
-            continue
-        if mesh_enable[env, slot] == wp.uint8(0) or mesh_idx[env, slot] == wp.int64(0):
+        slot = candidate_slot(hits, i, listed, count, env, mesh_idx, mesh_enable)
+        if slot < 0:
             continue
         t, q = slot_pose(pose_inv, env, slot)
         p_mesh = wp.quat_rotate(q, p) + t
@@ -1350,10 +1354,8 @@ def swept_sphere_cost_kernel(
         count = wp.min(n_env_mesh[env], mesh_idx.shape[1])
         hits, n_iter, listed = slot_candidates(slot_bvh, env, n_env_mesh.shape[0], count, p, slot_reach)
         for i in range(n_iter):
-            slot = candidate_slot(hits, i, listed)
-            if slot >= count:
-                continue
-            if mesh_enable[env, slot] == wp.uint8(0) or mesh_idx[env, slot] == wp.int64(0):
+            slot = candidate_slot(hits, i, listed, count, env, mesh_idx, mesh_enable)
+            if slot < 0:
                 continue
             t, q = slot_pose(pose_inv, env, slot)
             c_i, g_i, delta_i, own_i, prev_i, next_i, m_prev, m_next = swept_slot_cost(
@@ -1479,10 +1481,8 @@ def sphere_world_hessian(
     count = wp.min(n_env_mesh[env], mesh_idx.shape[1])
     hits, n_iter, listed = slot_candidates(slot_bvh, env, n_env_mesh.shape[0], count, p, bound)
     for i in range(n_iter):
-        slot = candidate_slot(hits, i, listed)
-        if slot >= count:
-            continue
-        if mesh_enable[env, slot] == wp.uint8(0) or mesh_idx[env, slot] == wp.int64(0):
+        slot = candidate_slot(hits, i, listed, count, env, mesh_idx, mesh_enable)
+        if slot < 0:
             continue
         t, q = slot_pose(pose_inv, env, slot)
         p_mesh = wp.quat_rotate(q, p) + t
@@ -1523,10 +1523,8 @@ def point_world_esdf_hessian(
     count = wp.min(n_env_mesh[env], mesh_idx.shape[1])
     hits, n_iter, listed = slot_candidates(slot_bvh, env, n_env_mesh.shape[0], count, p, max_dist)
     for i in range(n_iter):
-        slot = candidate_slot(hits, i, listed)
-        if slot >= count:
-            continue
-        if mesh_enable[env, slot] == wp.uint8(0) or mesh_idx[env, slot] == wp.int64(0):
+        slot = candidate_slot(hits, i, listed, count, env, mesh_idx, mesh_enable)
+        if slot < 0:
             continue
         t, q = slot_pose(pose_inv, env, slot)
         p_mesh = wp.quat_rotate(q, p) + t
