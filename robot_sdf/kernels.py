@@ -11,7 +11,8 @@ Layout (flattened from the torch tensors of docs/design.md "Tensor layouts"):
                               (unknown for meshes built elsewhere: the box of their BVH root
                               bounds them, mesh_box_distance_sq)
     sign_method, slot_sign    a SignMethod for every slot, AUTO (each mesh's own, from its sign
-                              data), or PER_SLOT: read slot_sign (E, M) uint8
+                              data), or PER_SLOT: read slot_sign (E, M) uint8 (a SignMethod, plus
+                              SIGN_CLOSED_SHELL for a closed shell built outside robot_sdf)
     mesh_enable  (E, M) uint8
     n_env_mesh   (E,) int32
     env_query    (B,) int32   environment per batch row (read only when use_env_query != 0)
@@ -38,6 +39,10 @@ SIGN_PARITY = wp.constant(3)
 # (E, M) uint8 slot_sign array.
 SIGN_AUTO = wp.constant(4)
 SIGN_PER_SLOT = wp.constant(-1)
+# Added to a slot's sign code (robot_sdf.raw_meshes.CLOSED_SHELL): the slot's mesh, built outside
+# robot_sdf (no sign data), was classified one closed, consistently and outward oriented shell
+# without self-intersections, so its sign does not depend on how far its search reached.
+SIGN_CLOSED_SHELL = wp.constant(16)
 
 # Search radius for the closest point of a centre known to be inside a mesh: unbounded in practice.
 UNBOUNDED = wp.constant(1.0e9)
@@ -247,10 +252,16 @@ def query_closest(mesh: wp.uint64, p: wp.vec3, bound: float, sign_method: int):
 
 @wp.func
 def mesh_sign_method(mesh: wp.uint64, sign_method: int):
-    """(offset of robot_sdf's sign data or -1, the sign method that applies to this mesh)."""
+    """(offset of robot_sdf's sign data or -1, the sign method that applies to this mesh, whether
+    the mesh is a closed shell built outside robot_sdf whose normal or winding-number sign may be
+    searched within need first: SIGN_CLOSED_SHELL, read only for meshes without sign data)."""
     m = wp.mesh_get(mesh)
     data = sign_data_offset(mesh)
     method = sign_method
+    raw_closed = bool(False)
+    if method >= SIGN_CLOSED_SHELL:
+        method = method - SIGN_CLOSED_SHELL
+        raw_closed = data < 0
     if method == SIGN_AUTO or method < 0:
         method = SIGN_NORMAL
         if data >= 0:
@@ -259,7 +270,8 @@ def mesh_sign_method(mesh: wp.uint64, sign_method: int):
         if m.velocities[data + 2][1] == 0.0:
             # Built without winding-number support (the host refuses such calls; never read it).
             method = SIGN_NORMAL
-    return data, method
+    raw_closed = raw_closed and (method == SIGN_NORMAL or method == SIGN_WINDING_NUMBER)
+    return data, method, raw_closed
 
 
 @wp.func
@@ -359,11 +371,13 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
 
     ``need`` (<= bound: the caller needs no outside result with sd >= need; >= bound: every
     result) lets a mesh with robot_sdf's sign data and no slivers whose inside test does not come
-    from the closest feature (winding_number), or comes from it exactly (normal on a mesh that auto
-    classified as one closed, consistently oriented shell without self-intersections), be searched within need first: where nothing is
-    that near, a point is found only if it is inside. A result with sd < need is the one the full
-    search gives (the same triangle: a search within a smaller bound visits the same nodes in the
-    same order up to its bound); an outside one beyond need may then be left out (found = 0).
+    from the closest feature (winding_number), or comes from it exactly (normal on a mesh that
+    MeshWorld classified as one closed, consistently oriented shell without self-intersections),
+    or a mesh built elsewhere that robot_sdf.raw_meshes classified so (SIGN_CLOSED_SHELL), be
+    searched within need first: where nothing is that near, a point is found only if it is
+    inside. A result with sd < need is the one the full search gives (the same triangle: a search
+    within a smaller bound visits the same nodes in the same order up to its bound); an outside
+    one beyond need may then be left out (found = 0).
     """
     found = int(0)
     sd = float(0.0)
@@ -372,7 +386,7 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     if bounding_radius > 0.0 and centre_dist > bounding_radius + bound:
         return found, sd, grad
     m = wp.mesh_get(mesh)
-    data, method = mesh_sign_method(mesh, sign_method)
+    data, method, raw_closed = mesh_sign_method(mesh, sign_method)
     pseudo = method == SIGN_NORMAL and data >= 0
     # The winding-number method of robot_sdf's sign data (the mesh supports winding numbers:
     # checked by mesh_sign_method).
@@ -382,8 +396,8 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     # winding number does not depend on the search, and without slivers the float64 distance
     # of what the float32 search found stays within the margin of it.
     first = bound
-    if data >= 0 and (winding or (pseudo and m.velocities[data + 4][1] != 0.0)) \
-            and m.velocities[data + 3][2] == 0.0:
+    if raw_closed or (data >= 0 and (winding or (pseudo and m.velocities[data + 4][1] != 0.0))
+                      and m.velocities[data + 3][2] == 0.0):
         first = wp.min(bound, need * REACH_MARGIN + REACH_SLACK)
 
     inside = float(1.0)
@@ -397,7 +411,7 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     if pseudo or winding:
         hit = wp.mesh_query_point_no_sign(mesh, p, first, face, u, v)
     else:
-        hit, inside, face, u, v = query_closest(mesh, p, bound, method)
+        hit, inside, face, u, v = query_closest(mesh, p, first, method)
     deep = bool(False)
     if not hit:
         # Nothing within bound: outside, unless the point is deep inside. Only a point in the
@@ -430,7 +444,8 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
             return found, sd, grad
     if deep:
         search = UNBOUNDED
-        if pseudo:
+        if pseudo or raw_closed:
+            # A closed shell (raw_closed: the ray only spares the search; Warp's sign decides).
             search = closed_inside_bound(mesh, p)
             if search < 0.0:
                 return found, sd, grad
@@ -441,7 +456,7 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
         if pseudo or winding:
             hit = wp.mesh_query_point_no_sign(mesh, p, search, face, u, v)
         else:
-            hit, inside, face, u, v = query_closest(mesh, p, UNBOUNDED, method)
+            hit, inside, face, u, v = query_closest(mesh, p, search, method)
         if not hit:
             return found, sd, grad
 
@@ -1035,13 +1050,13 @@ def swept_slot_cost(
     mask_next = int(0)
     reach_b = radius + eta
     bound_p = bound0 + radius + eta
+    half_len = wp.max(float(has_prev) * wp.length(seg_prev), float(has_next) * wp.length(seg_next)) * 0.5
     if cull_radius > 0.0:
         # Beyond the cull sphere by more than any search of the slot reaches: nothing to find,
         # and no point of the slot can be inside (the mesh itself is not touched).
-        half_len = wp.max(float(has_prev) * wp.length(seg_prev), float(has_next) * wp.length(seg_next)) * 0.5
         if wp.length(p) > cull_radius + bound_p + half_len:
             return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
-    data, method = mesh_sign_method(mesh, sign_method)
+    data, method, raw_closed = mesh_sign_method(mesh, sign_method)
     # A stationary step keeps the plain query of p, so that it reproduces the plain cost bit for bit.
     batched = method == SIGN_NORMAL and data >= 0 and n_sides > 0 and (
         (has_prev == 1 and wp.length_sq(seg_prev) > 0.0) or (has_next == 1 and wp.length_sq(seg_next) > 0.0))
@@ -1100,8 +1115,13 @@ def swept_slot_cost(
                         deep_lo1 = 1
                         deep_hi1 = 1 + has_next * n_first
     else:
-        found, sd, grad_sd = mesh_signed_distance(mesh, p, bound_p, cull_radius, sign_method, bound_p)
-    clearance = bound0
+        # p's result is needed within r + eta (its cost) and, as a clearance, out to the farthest
+        # sample (half_len): where mesh_signed_distance may search within need first, nothing
+        # found there still frees every sample (the clearance below exceeds half_len).
+        need_p = wp.min(bound_p, reach_b + half_len * REACH_MARGIN + REACH_SLACK)
+        found, sd, grad_sd = mesh_signed_distance(mesh, p, bound_p, cull_radius, sign_method, need_p)
+        bound_p = need_p
+    clearance = bound_p - reach_b
     chain_abs = bound_p
     chain_inside = bool(False)
     if found != 0:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import warp as wp
 
+from robot_sdf import kernels
 from robot_sdf.types import SignMethod
 
 # Build-time analysis differentiates nothing: no adjoint kernels (half the compile).
@@ -648,6 +649,50 @@ def classify(vertices: np.ndarray, triangles: np.ndarray, welded: np.ndarray | N
     method = SignMethod.NORMAL if reason.startswith("one closed") else SignMethod.WINDING_NUMBER
     return (MeshClass(method, reason, closed, oriented, shells, crossings, degenerate, volume,
                       time.perf_counter() - t0), mesh)
+
+
+# ---------------------------------------------------------------------------------------- meshes built elsewhere
+@wp.kernel
+def mesh_layout_kernel(ids: wp.array(dtype=wp.uint64), layout: wp.array2d(dtype=wp.int64)):
+    """Per Warp mesh id: point count, index count, offset of robot_sdf's sign data (-1: none)."""
+    i = wp.tid()
+    m = wp.mesh_get(ids[i])
+    layout[i, 0] = wp.int64(m.points.shape[0])
+    layout[i, 1] = wp.int64(m.indices.shape[0])
+    layout[i, 2] = wp.int64(kernels.sign_data_offset(ids[i]))
+
+
+@wp.kernel
+def copy_mesh_kernel(mesh: wp.uint64, points: wp.array(dtype=wp.vec3), indices: wp.array(dtype=wp.int32)):
+    """The points and indices a Warp mesh was built from, read through its id."""
+    i = wp.tid()
+    m = wp.mesh_get(mesh)
+    if i < points.shape[0]:
+        points[i] = m.points[i]
+    if i < indices.shape[0]:
+        indices[i] = m.indices[i]
+
+
+def read_meshes(ids: np.ndarray, device) -> list[tuple[np.ndarray, np.ndarray] | None]:
+    """(points (V, 3) float32, flat indices (3T,) int32) of each Warp mesh id on ``device`` (a
+    Warp device), or None for a mesh that carries robot_sdf's sign data (MeshWorld built it).
+    The ids must be live meshes of that device: Warp reads whatever an id points at."""
+    if len(ids) == 0:
+        return []
+    id_array = wp.array(np.asarray(ids, np.uint64), dtype=wp.uint64, device=device)
+    layout = wp.zeros((len(ids), 3), dtype=wp.int64, device=device)
+    wp.launch(mesh_layout_kernel, dim=len(ids), inputs=[id_array], outputs=[layout], device=device)
+    out: list[tuple[np.ndarray, np.ndarray] | None] = []
+    for mesh_id, (n_points, n_indices, data) in zip(ids, layout.numpy()):
+        if data >= 0:
+            out.append(None)
+            continue
+        points = wp.empty(int(n_points), dtype=wp.vec3, device=device)
+        indices = wp.empty(int(n_indices), dtype=wp.int32, device=device)
+        wp.launch(copy_mesh_kernel, dim=int(max(n_points, n_indices, 1)), inputs=[wp.uint64(int(mesh_id))],
+                  outputs=[points, indices], device=device)
+        out.append((points.numpy(), indices.numpy()))
+    return out
 
 
 # ---------------------------------------------------------------------------------------- orientation

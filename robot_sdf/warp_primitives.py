@@ -45,7 +45,7 @@ import numpy as np
 import torch
 import warp as wp
 
-from robot_sdf import _internals, kernels, mesh_analysis
+from robot_sdf import _internals, kernels, mesh_analysis, raw_meshes
 from robot_sdf.types import SignMethod, WorldSnapshot
 
 _CPU_MIN_SPHERES_PER_THREAD = 2048
@@ -480,8 +480,15 @@ def _slot_bvh_arguments(sign_method, mesh_idx: torch.Tensor, mesh_pose_inverse: 
     return sign_method, entry[2]
 
 
-def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device) -> tuple:
-    """(scalar code, (n_env, m) uint8 Warp array) for the kernels' sign arguments."""
+def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device, mesh_enable: torch.Tensor | None = None,
+                    n_env_mesh: torch.Tensor | None = None) -> tuple:
+    """(scalar code, (n_env, m) uint8 Warp array) for the kernels' sign arguments.
+
+    Given mesh_enable and n_env_mesh as well, the slots whose mesh was built outside robot_sdf
+    and is a closed shell get raw_meshes.CLOSED_SHELL added to their code (then always a
+    per-slot array), so that the kernels search them within r + eta first."""
+    classify = mesh_enable is not None and n_env_mesh is not None \
+        and raw_meshes.classifiable(mesh_idx, mesh_enable, n_env_mesh)
     if isinstance(sign_method, torch.Tensor):
         if tuple(sign_method.shape) != tuple(mesh_idx.shape):
             raise ValueError(f"sign_method tensor must be (n_env, m) = {tuple(mesh_idx.shape)} like mesh_idx, "
@@ -489,11 +496,26 @@ def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device) -
         if sign_method.device != device:
             raise ValueError(f"sign_method tensor is on {sign_method.device}, the spheres on {device}")
         ready = _ready(sign_method, device, torch.uint8)
+        if classify:
+            tensors = (ready, mesh_idx, mesh_enable, n_env_mesh)
+
+            def build():
+                return _slot_codes(ready, mesh_idx, mesh_enable, n_env_mesh, device)
+        else:
+            tensors = (ready, mesh_idx)
+
+            def build():
+                return _checked_slot_signs(ready, mesh_idx)
         if ready is sign_method:
-            return _SIGN_PER_SLOT, _cached(("sign", id(ready), id(mesh_idx)), (ready, mesh_idx),
-                                           lambda: _checked_slot_signs(ready, mesh_idx), content=True)
-        return _SIGN_PER_SLOT, _checked_slot_signs(ready, mesh_idx)
+            return _SIGN_PER_SLOT, _cached(("sign", classify) + tuple(map(id, tensors)), tensors, build, content=True)
+        return _SIGN_PER_SLOT, build()
     method = SignMethod.parse(sign_method)
+    if classify and method in raw_meshes.SHORT_SEARCH_METHODS:
+        tensors = (mesh_idx, mesh_enable, n_env_mesh)
+        codes = _cached(("wide_sign", int(method)) + tuple(map(id, tensors)), tensors,
+                        lambda: _slot_codes(int(method), mesh_idx, mesh_enable, n_env_mesh, device), content=True)
+        if codes is not None:
+            return _SIGN_PER_SLOT, codes
     if method == SignMethod.WINDING_NUMBER:
         # A host copy of the ids (a device sync on CUDA): only for this call-wide override.
         _check_winding_support(mesh_idx.detach().reshape(-1).cpu().numpy().astype(np.uint64))
@@ -502,6 +524,30 @@ def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device) -
         with _internals.plain_tensors():
             unused = _no_slot_sign.setdefault(device, torch.zeros((1, 1), dtype=torch.uint8, device=device))
     return int(method), _cached(("no_sign", id(unused)), (unused,), lambda: _as_warp(unused))
+
+
+def _slot_codes(signs, mesh_idx: torch.Tensor, mesh_enable: torch.Tensor, n_env_mesh: torch.Tensor,
+                device: torch.device):
+    """Descriptor of the per-slot sign codes: ``signs`` (a per-slot uint8 tensor, or one method for
+    every slot) plus raw_meshes.CLOSED_SHELL on the closed shells built outside robot_sdf; None for
+    a call-wide method when there is no such shell (the scalar code serves)."""
+    # Verdicts by mesh id, kept while mesh_idx is unchanged (a write starts a new dict).
+    known = _cached(("raw_verdicts", id(mesh_idx)), (mesh_idx,), dict, content=True)
+    flags = raw_meshes.closed_shell_slots(mesh_idx, mesh_enable, n_env_mesh, known, warp_device(device))
+    if isinstance(signs, torch.Tensor):
+        checked = _checked_slot_signs(signs, mesh_idx)
+        if not flags.any():
+            return checked
+        host = signs.detach().cpu().numpy()
+    else:
+        if not flags.any():
+            return None
+        if signs == _WINDING:
+            _check_winding_support(mesh_idx.detach().reshape(-1).cpu().numpy().astype(np.uint64))
+        host = np.full(flags.shape, signs, np.uint8)
+    with _internals.plain_tensors():
+        codes = torch.from_numpy(host + flags.astype(np.uint8) * raw_meshes.CLOSED_SHELL).to(device)
+    return _owning(codes)
 
 
 def _check_winding_support(ids: np.ndarray) -> None:
@@ -514,10 +560,15 @@ def _check_winding_support(ids: np.ndarray) -> None:
 
 
 def _checked_slot_signs(signs: torch.Tensor, mesh_idx: torch.Tensor):
-    """Descriptor of a per-slot sign tensor, after refusing winding_number on any slot whose mesh
-    has no winding-number data (Warp would read memory the mesh does not have; on CUDA an illegal
-    address ends the process's CUDA context). A host copy, so callers cache the result per tensor."""
-    wanted = (signs.detach().cpu().numpy() == int(SignMethod.WINDING_NUMBER))
+    """Descriptor of a per-slot sign tensor, after refusing values that are no SignMethod and
+    winding_number on any slot whose mesh has no winding-number data (Warp would read memory the
+    mesh does not have; on CUDA an illegal address ends the process's CUDA context). A host copy,
+    so callers cache the result per tensor."""
+    host = signs.detach().cpu().numpy()
+    if host.size and int(host.max()) > int(SignMethod.AUTO):
+        raise ValueError(f"sign_method tensor holds {int(host.max())}: each slot's value must be a SignMethod "
+                         f"(0..{int(SignMethod.AUTO)})")
+    wanted = host == int(SignMethod.WINDING_NUMBER)
     if wanted.any():
         _check_winding_support(mesh_idx.detach().cpu().numpy().astype(np.uint64)[wanted])
     return _owning(signs)
@@ -609,25 +660,28 @@ def _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_po
     """(weight, activation_distance, max_distance, mesh_idx, pose_inverse, enable, n_env_mesh,
     sign code, slot signs, slot BVHs) as launch arguments, after the same checks as on every call."""
     if type(sign_method) is WorldSnapshot:
+        # MeshWorld's meshes carry their own sign data: nothing to classify (raw_meshes).
         sign_method, slot_bvh = _slot_bvh_arguments(sign_method, mesh_idx, mesh_pose_inverse, device)
         return _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
-                             n_env_mesh, sign_method, device)[:-1] + (slot_bvh,)
+                             n_env_mesh, sign_method, device, False)[:-1] + (slot_bvh,)
     return _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
-                         sign_method, device)
+                         sign_method, device, True)
 
 
 def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
-                  sign_method, device: torch.device) -> tuple:
+                  sign_method, device: torch.device, raw: bool) -> tuple:
+    """_constant_arguments' values, kept per set of argument tensors; ``raw``: the world tensors
+    may hold meshes built outside robot_sdf (not a MeshWorld snapshot's), to be classified."""
     global _last_set
     last = _last_set
     if last is not None and last[1] is weight and last[2] is activation_distance and last[3] is max_dist \
             and last[4] is mesh_idx and last[5] is mesh_pose_inverse and last[6] is mesh_enable \
-            and last[7] is n_env_mesh and last[8] is sign_method and last[0] == device:
+            and last[7] is n_env_mesh and last[8] is sign_method and last[0] == (device, raw):
         entry = last[9]
         if entry[3](entry[0]) == entry[1]:
             return entry[2]
     per_slot = isinstance(sign_method, torch.Tensor)
-    key = (device, id(weight), id(activation_distance), id(max_dist), id(mesh_idx), id(mesh_pose_inverse),
+    key = (device, raw, id(weight), id(activation_distance), id(max_dist), id(mesh_idx), id(mesh_pose_inverse),
            id(mesh_enable), id(n_env_mesh), id(sign_method) if per_slot else sign_method)
     try:
         entry = _constant_sets.get(key)
@@ -644,12 +698,13 @@ def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inv
             else:
                 _constant_sets[key] = entry = (kept, now, values, check, layout, content_at)
         if entry is not None:
-            _last_set = (device, weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
+            _last_set = ((device, raw), weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
                          n_env_mesh, sign_method, entry)
             return values
     values = (_scalar_warp(weight, device), _scalar_warp(activation_distance, device), _scalar_warp(max_dist, device),
               *_check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device),
-              *_sign_arguments(sign_method, mesh_idx, device),
+              *(_sign_arguments(sign_method, mesh_idx, device, mesh_enable, n_env_mesh) if raw
+                else _sign_arguments(sign_method, mesh_idx, device)),
               _slot_bvh_arguments(None, mesh_idx, mesh_pose_inverse, device)[1])  # the loop's placeholder
     # Kept only when nothing in it is a per-call copy and no call-wide winding_number check
     # (which reads the mesh ids on every call) is involved.
@@ -660,14 +715,17 @@ def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inv
         tensors += (sign_method,) if per_slot else ()
         # Positions of the tensors whose values the entry depends on.
         content_at = ((3, 7) if per_slot else ()) + ((3, 4, 5, 6) if _converted(values[3:7], tensors[3:7]) else ())
+        if raw and values[7] == _SIGN_PER_SLOT and raw_meshes.classifiable(mesh_idx, mesh_enable, n_env_mesh):
+            # The codes name the closed shells among the ids of the enabled slots.
+            content_at += (3, 5, 6)
         check = _validator(tensors, bool(content_at))
         if check is not None:
             if len(_constant_sets) >= _DESCRIPTOR_CACHE_SIZE:
                 _constant_sets.clear()
             layout = _layout(tensors) if check is _tracked else None
             _constant_sets[key] = entry = (tensors, check(tensors), values, check, layout, content_at)
-            _last_set = (device, weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
-                         n_env_mesh, sign_method, entry)
+            _last_set = ((device, raw), weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse,
+                         mesh_enable, n_env_mesh, sign_method, entry)
     return values
 
 
@@ -837,6 +895,7 @@ def launch_swept_sphere_cost(
     spheres = _flat(spheres_data, 16)
     env_arr, use_env = _env_query(env_query_idx, b, device)
     world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
+    raw = type(sign_method) is not WorldSnapshot  # MeshWorld's meshes: nothing to classify
     sign_method, slot_bvh = _slot_bvh_arguments(sign_method, mesh_idx, mesh_pose_inverse, device)
     if out_evaluations is not None and (tuple(out_evaluations.shape) != (b, h, n) or out_evaluations.dtype != torch.int32
                                         or out_evaluations.device != device or not out_evaluations.is_contiguous()):
@@ -846,7 +905,7 @@ def launch_swept_sphere_cost(
     inputs = [
         spheres, _scalar_warp(weight, device), _scalar_warp(activation_distance, device),
         _scalar_warp(max_dist, device), _scalar_warp(speed_dt, device), *world, env_arr, use_env,
-        h, n, int(sweep_steps), int(bool(enable_speed_metric)), *_sign_arguments(sign_method, mesh_idx, device),
+        h, n, int(sweep_steps), int(bool(enable_speed_metric)), *_sign_arguments(sign_method, mesh_idx, device, *((mesh_enable, n_env_mesh) if raw else ())),
         slot_bvh, int(bool(compute_grad)), int(out_evaluations is not None),
     ]
     outputs = [_as_warp(outs.cost.view(-1)), _as_warp(outs.sparsity.view(-1)), *partials.warp_arrays(),

@@ -1,0 +1,115 @@
+"""Meshes built outside robot_sdf (a cuRobo user's ``wp.Mesh`` ids in the world tensors): which
+of them are closed shells, so that the kernels may search them as briefly as MeshWorld's own.
+
+Why it matters: without robot_sdf's sign data, a mesh's sign is Warp's own query at the closest
+triangle, and on an open surface (a ground plane, a scanned patch) that says "inside" on the
+back side at any distance within the search: such a mesh is searched out to
+max_dist + r + eta, as cuRobo does. A mesh that is one closed, consistently and outward oriented
+shell without self-intersections (mesh_analysis.classify's ``normal`` verdict) has a bounded
+inside, so the plain cost searches it within r + eta first, like a MeshWorld mesh: a point with
+nothing that near is outside unless one ray finds it inside, and then the search that the full
+bound would have made decides (kernels.mesh_signed_distance, SIGN_CLOSED_SHELL). Results with a
+cost are those of the full search; on the robot-like bench scene the plain cost takes about a
+quarter of the time (docs/benchmarks.md).
+
+What is read, and when: the ids of the enabled slots below each environment's count, on the
+host (a device synchronisation on CUDA), whenever the mesh_idx, mesh_enable or n_env_mesh tensor
+of a call is new or was written in place (torch's version counters; a caller writing the same
+tensors call after call pays nothing more). Each new id's points and indices are copied out
+through the id (mesh_analysis.read_meshes) and digested; the verdict is kept per digest, so an id
+that Warp reuses for another mesh after a free is classified by its new content, and per
+(mesh_idx tensor, id) until that tensor is written. Classification costs about as much as
+MeshWorld's ``auto`` (about 20 ms per 16k triangles on one core), once per geometry.
+
+Not classified (searched to the full bound, as before): world tensors created under
+torch.inference_mode (they have no version counter to follow writes), MeshWorld's meshes (they
+carry their own sign data and flags), the call-wide methods ``default`` and ``parity``, and
+refits: a mesh refitted to new points keeps its verdict (its topology cannot change; refitting a
+shell into a self-intersecting shape is not seen).
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+
+import numpy as np
+import torch
+
+from robot_sdf import mesh_analysis
+from robot_sdf.types import SignMethod
+
+# kernels.SIGN_CLOSED_SHELL: added to a slot's sign code.
+CLOSED_SHELL = 16
+# Switch for side-by-side checks (tests, benchmarks): False searches every mesh built elsewhere
+# to the full bound.
+ENABLED = True
+# Sign methods whose short search a closed shell allows (mesh_signed_distance's raw_closed).
+SHORT_SEARCH_METHODS = (SignMethod.AUTO, SignMethod.NORMAL, SignMethod.WINDING_NUMBER)
+_VERDICT_CACHE_SIZE = 4096
+_verdicts: OrderedDict[bytes, bool] = OrderedDict()
+_verdicts_lock = threading.Lock()
+
+
+def content_digest(points: np.ndarray, indices: np.ndarray) -> bytes:
+    """Identity of a mesh's content: its points and indices, with their counts."""
+    h = hashlib.blake2b(digest_size=20)
+    h.update(np.int64(points.shape[0]).tobytes())
+    h.update(np.ascontiguousarray(points, np.float32).tobytes())
+    h.update(np.int64(indices.shape[0]).tobytes())
+    h.update(np.ascontiguousarray(indices, np.int32).tobytes())
+    return h.digest()
+
+
+def is_closed_shell(points: np.ndarray, indices: np.ndarray) -> bool:
+    """mesh_analysis.classify's ``normal`` verdict (one closed, consistently and outward oriented
+    shell without self-intersections) for a mesh's points (V, 3) and flat indices (3T,); False for
+    anything that is not a valid triangle list."""
+    if indices.size == 0 or indices.size % 3 or points.shape[0] == 0:
+        return False
+    if int(indices.min()) < 0 or int(indices.max()) >= points.shape[0] or not np.isfinite(points).all():
+        return False
+    verdict, _ = mesh_analysis.classify(points, indices.reshape(-1, 3))
+    return verdict.method == SignMethod.NORMAL
+
+
+def _verdict(content: tuple[np.ndarray, np.ndarray]) -> bool:
+    key = content_digest(*content)
+    with _verdicts_lock:
+        known = _verdicts.get(key)
+        if known is not None:
+            _verdicts.move_to_end(key)
+            return known
+    verdict = is_closed_shell(*content)
+    with _verdicts_lock:
+        _verdicts[key] = verdict
+        while len(_verdicts) > _VERDICT_CACHE_SIZE:
+            _verdicts.popitem(last=False)
+    return verdict
+
+
+def classifiable(mesh_idx: torch.Tensor, mesh_enable: torch.Tensor, n_env_mesh: torch.Tensor) -> bool:
+    """Whether writes to these world tensors can be followed (see the module docstring)."""
+    return ENABLED and not (mesh_idx.is_inference() or mesh_enable.is_inference() or n_env_mesh.is_inference())
+
+
+def closed_shell_slots(mesh_idx: torch.Tensor, mesh_enable: torch.Tensor, n_env_mesh: torch.Tensor,
+                       known: dict[int, bool], warp_device) -> np.ndarray:
+    """(E, M) bool: the enabled slots below each environment's count whose mesh was built outside
+    robot_sdf and is a closed shell. ``known``: verdicts by mesh id, valid while ``mesh_idx`` is
+    unchanged (the caller keeps one per version of that tensor); new ids are added to it."""
+    ids = mesh_idx.detach().cpu().numpy().astype(np.int64)
+    enabled = mesh_enable.detach().cpu().numpy() != 0
+    counts = n_env_mesh.detach().reshape(-1).cpu().numpy().astype(np.int64)
+    used = enabled & (np.arange(ids.shape[1])[None, :] < counts[:, None]) & (ids != 0)
+    flags = np.zeros(ids.shape, dtype=bool)
+    if not used.any():
+        return flags
+    new = [i for i in np.unique(ids[used]).tolist() if i not in known]
+    if new:
+        contents = mesh_analysis.read_meshes(np.array(new, np.int64).astype(np.uint64), warp_device)
+        for mesh_id, content in zip(new, contents):
+            known[mesh_id] = content is not None and _verdict(content)
+    closed = np.array([known[i] for i in ids[used].tolist()], dtype=bool)
+    flags[used] = closed
+    return flags
