@@ -1,0 +1,222 @@
+"""Meshes built outside robot_sdf (robot_sdf.raw_meshes): closed shells are classified once per
+content and searched within r + eta first; everything else keeps the full search. Judged against
+the numpy reference, against the full search of the same tensors (raw_meshes.ENABLED off), and
+on what is read when."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import mesh_corpus
+import reference as ref
+from conftest import build_warp_env, warp_mesh
+from robot_sdf import mesh_analysis, raw_meshes
+from robot_sdf.warp_primitives import SdfMeshWarpPy, SweptSdfMeshWarpPy, warp_device
+
+ETA = 0.02
+MAX_DIST = 0.1
+
+
+def _scalars(device):
+    return (torch.ones(1, device=device), torch.full((1,), ETA, device=device),
+            torch.full((1,), MAX_DIST, device=device))
+
+
+def _world(env) -> tuple:
+    return env.mesh_idx, env.mesh_pose_inverse, env.mesh_enable, env.n_env_mesh
+
+
+def _plain(spheres: np.ndarray, world: tuple, device: str, sign="auto", esdf=False):
+    """(cost, gradient, Hessian-vector product with a fixed direction) of SdfMeshWarpPy."""
+    x = torch.tensor(spheres, dtype=torch.float32, device=device).requires_grad_(not esdf)
+    b, h, n = x.shape[:3]
+    one, eta, md = _scalars(device)
+    outs = (torch.zeros((b, h, n), device=device), torch.zeros((b, h, n, 4), device=device),
+            torch.zeros((b, h, n), dtype=torch.uint8, device=device))
+    cost = SdfMeshWarpPy.apply(x, *outs, one, eta, *world, md, None, False, esdf, sign)
+    if esdf:
+        return cost.detach().cpu().numpy(), None, None
+    grad, = torch.autograd.grad(cost.sum(), x, create_graph=True)
+    direction = torch.linspace(-1.0, 1.0, x.numel(), device=device).reshape(x.shape)
+    hv, = torch.autograd.grad((grad * direction).sum(), x)
+    return cost.detach().cpu().numpy(), grad.detach().cpu().numpy(), hv.cpu().numpy()
+
+
+def _swept(traj: np.ndarray, world: tuple, device: str, sign="auto"):
+    x = torch.tensor(traj, dtype=torch.float32, device=device).requires_grad_(True)
+    b, h, n = x.shape[:3]
+    one, eta, md = _scalars(device)
+    outs = (torch.zeros((b, h, n), device=device), torch.zeros((b, h, n, 4), device=device),
+            torch.zeros((b, h, n), dtype=torch.uint8, device=device))
+    cost = SweptSdfMeshWarpPy.apply(x, *outs, one, eta, torch.full((1,), 0.1, device=device), *world, md, 4, False,
+                                    None, False, sign)
+    grad, = torch.autograd.grad(cost.sum(), x)
+    return cost.detach().cpu().numpy(), grad.cpu().numpy()
+
+
+@pytest.fixture
+def full_search(monkeypatch):
+    """Run a block with every mesh built elsewhere searched to the full bound (the path before
+    raw_meshes), for side-by-side results."""
+    class Switch:
+        def __enter__(self):
+            monkeypatch.setattr(raw_meshes, "ENABLED", False)
+
+        def __exit__(self, *exc):
+            monkeypatch.setattr(raw_meshes, "ENABLED", True)
+    return Switch()
+
+
+def test_closed_shell_verdicts_of_the_corpus():
+    """One closed, consistently and outward oriented shell without self-intersections, and
+    nothing else: open, inverted, partly flipped, nested, overlapping, self-intersecting and
+    duplicated-face meshes are not closed shells."""
+    closed = {"thin_ridge", "concave_vertex", "sliver_box", "degenerate_triangles", "icosphere_soup", "capsule",
+              "arm_link", "arm_link_fine"}
+    for case in mesh_corpus.CORPUS:
+        v, t = case.build()
+        got = raw_meshes.is_closed_shell(v.astype(np.float32), t.reshape(-1).astype(np.int32))
+        assert got == (case.name in closed), case.name
+    v, t = ref.box((0.2, 0.2, 0.2))
+    assert not raw_meshes.is_closed_shell(v.astype(np.float32), np.array([0, 1], np.int32))
+    assert not raw_meshes.is_closed_shell(v.astype(np.float32), np.array([0, 1, 99], np.int32))
+
+
+def _mixed_world(device):
+    """A closed capsule, a closed arm link, an open sheet (normal +z) and an inverted box, raw."""
+    rng = np.random.default_rng(3)
+    cap_v, cap_t = mesh_corpus.capsule()
+    arm_v, arm_t = mesh_corpus.arm_link()
+    sheet_v, sheet_t = ref.sheet(0.6, 6)
+    box_v, box_t = mesh_corpus.inside_out(ref.box((0.2, 0.15, 0.1)))
+    meshes = [ref.RefMesh(cap_v, cap_t, np.concatenate([[0.0, 0.5, 0.0], ref.random_quaternion(rng)])),
+              ref.RefMesh(arm_v, arm_t, np.concatenate([[0.6, 0.0, 0.1], ref.random_quaternion(rng)])),
+              ref.RefMesh(sheet_v, sheet_t, np.array([0.0, -1.2, 0.0, 1.0, 0.0, 0.0, 0.0])),
+              ref.RefMesh(box_v, box_t, np.concatenate([[-0.9, 0.0, 0.0], ref.random_quaternion(rng)]))]
+    return meshes, build_warp_env([meshes], device)
+
+
+def test_only_closed_shells_are_flagged(device):
+    meshes, env = _mixed_world(device)
+    wdev = warp_device(torch.device(device))
+    flags = raw_meshes.closed_shell_slots(env.mesh_idx, env.mesh_enable, env.n_env_mesh, {}, wdev)
+    assert flags.tolist() == [[True, True, False, False]]
+    env.mesh_enable[0, 1] = 0
+    flags = raw_meshes.closed_shell_slots(env.mesh_idx, env.mesh_enable, env.n_env_mesh, {}, wdev)
+    assert flags.tolist() == [[True, False, False, False]]  # a disabled slot is not read
+
+
+def test_closed_shells_give_the_reference_and_the_full_search_results(device, full_search):
+    """Deep centres, centres near and far from the two closed shells: the short search gives the
+    reference's costs and gradients, and the full search's costs, gradients, Hessian-vector
+    products, esdf and swept costs bit for bit, for the sign methods it applies to."""
+    meshes, env = _mixed_world(device)
+    closed = meshes[:2]
+    rng = np.random.default_rng(4)
+    centres = []
+    for m in closed:
+        local = mesh_corpus.sample_points(m.vertices, 300, seed=5)
+        middle = 0.5 * (m.vertices.min(0) + m.vertices.max(0))
+        # The box grown by 20 %, and by 150 % (out to free space beyond r + eta).
+        local = np.concatenate([local, middle + 2.5 * (local - middle)])
+        centres.append(ref.transform_points(m.pose, local))
+    pts = np.concatenate(centres)
+    sd = np.stack([m.signed_distance_world(pts)[0] for m in closed]).min(0)
+    pts = pts[np.abs(sd) > 2e-3]
+    sd = sd[np.abs(sd) > 2e-3]
+    assert np.sum(sd < -0.05) >= 20 and np.sum(sd > 0.06) >= 100  # deep, and beyond r + eta
+    spheres = np.concatenate([pts, rng.uniform(0.005, 0.03, (len(pts), 1))], 1).reshape(1, 1, -1, 4)
+    c_ref, g_ref = ref.sphere_cost(spheres, [closed], ETA, 1.0, MAX_DIST)
+    # Off medial axes: there near-tied closest triangles differ in direction, and Warp's normal
+    # sign of a mesh without pseudo-normals is a coin toss on the capsule's axis (both searches).
+    mask = ref.world_gradient_ambiguity(spheres[..., :3].reshape(-1, 3), closed, 2e-6) <= 1e-4
+    assert np.sum(mask & (c_ref.reshape(-1) > 0)) >= 300 and np.sum(mask & (sd < -0.05)) >= 20
+    world = _world(env)
+    for sign in ("auto", "normal", "winding_number"):
+        cost, grad, hv = _plain(spheres, world, device, sign)
+        np.testing.assert_allclose(cost.reshape(-1)[mask], c_ref.reshape(-1)[mask], atol=1e-4, rtol=1e-4,
+                                   err_msg=sign)
+        np.testing.assert_allclose(grad[..., :3].reshape(-1, 3)[mask], g_ref.reshape(-1, 3)[mask], atol=3e-4,
+                                   err_msg=sign)
+        assert np.sum(cost > 0) >= 100
+        esdf, _, _ = _plain(spheres, world, device, sign, esdf=True)
+        traj = spheres.reshape(1, -1, 1, 4)
+        swept, swept_grad = _swept(traj, world, device, sign)
+        with full_search:
+            cost_f, grad_f, hv_f = _plain(spheres, world, device, sign)
+            esdf_f, _, _ = _plain(spheres, world, device, sign, esdf=True)
+            swept_f, swept_grad_f = _swept(traj, world, device, sign)
+        for got, want in ((cost, cost_f), (grad, grad_f), (hv, hv_f), (esdf, esdf_f), (swept, swept_f),
+                          (swept_grad, swept_grad_f)):
+            np.testing.assert_array_equal(got, want, err_msg=sign)
+
+
+def test_open_sheet_keeps_its_back_side_within_the_search(device):
+    """An open sheet is no closed shell: Warp's normal sign calls its back side inside wherever
+    the search reaches (max_dist + r + eta), as before; beyond it, outside."""
+    meshes, env = _mixed_world(device)
+    sheet = meshes[2]
+    depth = np.array([0.005, 0.03, 0.06, 0.09, 0.12, 0.2])
+    radius = 0.01
+    pts = sheet.pose[:3] + np.stack([np.full_like(depth, 0.03), np.full_like(depth, -0.02), -depth], 1)
+    spheres = np.concatenate([pts, np.full((len(depth), 1), radius)], 1).reshape(1, 1, -1, 4)
+    cost, grad, _ = _plain(spheres, _world(env), device, "normal")
+    within = depth < MAX_DIST + radius + ETA
+    expected, _ = ref.cost_of_penetration(np.where(within, radius + ETA + depth, 0.0), ETA)
+    np.testing.assert_allclose(cost.reshape(-1), expected, atol=1e-5)
+    assert np.all(cost.reshape(-1)[within] > 0.02)
+    # Pushed up, out of the sheet's back side.
+    np.testing.assert_allclose(grad.reshape(-1, 4)[within, :3], np.tile([0.0, 0.0, -1.0], (int(within.sum()), 1))
+                               * ref.cost_of_penetration(radius + ETA + depth[within], ETA)[1][:, None], atol=1e-5)
+
+
+def test_verdicts_follow_writes_to_the_world_tensors(device, monkeypatch):
+    """Ids are read again when mesh_idx is written (a slot given another mesh), not on every call;
+    a new mesh with the content of a known one is not classified again."""
+    box_v, box_t = ref.box((0.2, 0.2, 0.2))
+    sheet_v, sheet_t = ref.sheet(0.4, 2)
+    sheet_v = sheet_v + np.array([0.0, 0.0, -0.1])  # the box's bottom face, open, normal +z
+    meshes = [ref.RefMesh(box_v, box_t)]
+    env = build_warp_env([meshes], device)
+    reads, classified = [], []
+    read, classify = mesh_analysis.read_meshes, raw_meshes.is_closed_shell
+    monkeypatch.setattr(mesh_analysis, "read_meshes", lambda ids, dev: reads.append(len(ids)) or read(ids, dev))
+    monkeypatch.setattr(raw_meshes, "is_closed_shell", lambda *a: classified.append(1) or classify(*a))
+    # 5 cm below the box's bottom face (z = -0.1), r = 1 cm: outside, no cost; on the back side
+    # of a sheet in that face's plane, within the search: inside.
+    spheres = np.array([[[[0.0, 0.0, -0.15, 0.01]]]])
+    world = _world(env)
+    for _ in range(3):
+        cost, _, _ = _plain(spheres, world, device)
+        assert cost.item() == 0.0
+    assert reads == [1]
+    sheet = warp_mesh(sheet_v, sheet_t, device)
+    env.mesh_idx[0, 0] = int(np.uint64(sheet.id).astype(np.int64))  # in place: a version bump
+    cost, _, _ = _plain(spheres, world, device)
+    expected, _ = ref.cost_of_penetration(0.01 + ETA + 0.05, ETA)
+    np.testing.assert_allclose(cost.item(), expected, atol=1e-5)
+    assert reads == [1, 1]
+    count = len(classified)
+    again = build_warp_env([meshes], device)  # the same box content under a fresh tensor
+    _plain(spheres, _world(again), device)
+    assert reads == [1, 1, 1] and len(classified) == count
+
+
+def test_inference_tensors_and_bad_slot_codes(device):
+    """World tensors made under inference_mode are not classified (their writes cannot be
+    followed) and give the same results; a per-slot sign tensor holding a value that is no
+    SignMethod is refused."""
+    meshes, env = _mixed_world(device)
+    rng = np.random.default_rng(8)
+    pts = ref.transform_points(meshes[0].pose, mesh_corpus.sample_points(meshes[0].vertices, 200, seed=9))
+    spheres = np.concatenate([pts, rng.uniform(0.005, 0.03, (len(pts), 1))], 1).reshape(1, 1, -1, 4)
+    cost, _, _ = _plain(spheres, _world(env), device, esdf=True)
+    with torch.inference_mode():
+        world = tuple(t.clone() for t in _world(env))
+    assert not raw_meshes.classifiable(*world[:1], *world[2:])
+    cost_inf, _, _ = _plain(spheres, world, device, esdf=True)
+    np.testing.assert_array_equal(cost, cost_inf)
+    bad = torch.full(tuple(env.mesh_idx.shape), 20, dtype=torch.uint8, device=device)
+    with pytest.raises(ValueError, match="SignMethod"):
+        _plain(spheres, _world(env), device, bad)
