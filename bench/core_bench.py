@@ -21,7 +21,9 @@ Everything runs in this process on ``device`` ("cpu" or "cuda[:N]"). Tables:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import statistics
 import time
 from types import SimpleNamespace
 from typing import Callable, Iterator
@@ -33,7 +35,7 @@ import warp as wp
 from bench import Stats, emit, fmt_ms, fmt_rate, load_average, measure, section, table  # noqa: F401
 from bench import scenes
 from bench.legacy_swept import legacy_swept_sphere_cost_kernel
-from robot_sdf import MeshWorld, SignMethod, kernels
+from robot_sdf import MeshWorld, SignMethod, kernels, raw_meshes
 from robot_sdf.warp_primitives import (SdfMeshWarpPy, SweptSdfMeshWarpPy, _as_warp, _launch, _sign_arguments,
                                        _slot_bvh_arguments,
                                        launch_swept_sphere_cost, warp_device)
@@ -569,8 +571,10 @@ def raw_mesh_table(b: Bench) -> None:
     meshes = scenes.robot_like_meshes()
     n_tri = sum(len(m.triangles) for m in meshes)
     section(f"Meshes built outside robot_sdf on {b.device}: raw wp.Mesh tensors vs. radius filled vs. MeshWorld")
+    unclassified = "raw wp.Mesh, pad 0, closed shells not classified"
     worlds = {"raw wp.Mesh, pad 0": TensorWorld(meshes, b.device, 0.0),
               "raw wp.Mesh, radius filled": TensorWorld(meshes, b.device, None),
+              unclassified: TensorWorld(meshes, b.device, 0.0),
               "MeshWorld (sign method normal)": build_world(meshes, b.device)}
     sizes = {"1k": (1, 20, 50), "100k": (4, 30, 52) if b.quick else (64, 30, 52)}
     emit(f"{len(meshes)} robot-like meshes (scenes.robot_like_meshes), {n_tri:,} triangles; plain: spheres r = "
@@ -587,6 +591,9 @@ def raw_mesh_table(b: Bench) -> None:
             cases[f"plain, {name}"] = plain.forward_backward
             cases[f"swept, {name}"] = swept.swept_forward_backward
             cases[f"plain on the swept spheres, {name}"] = swept.forward_backward
+            if name == unclassified:
+                for key in [k for k in cases if k.endswith(name)]:
+                    cases[key] = (lambda f=cases[key]: _full_search(f))
         if b.device == "cpu":
             cases = {k: (lambda f=f: _one_thread(f)) for k, f in cases.items()}
         res = b.timed(cases, reps=3 if b.quick else 7)
@@ -600,6 +607,37 @@ def raw_mesh_table(b: Bench) -> None:
                              f"{st.median / same:.2f}" if kind == "swept" else ""])
     emit(table(["spheres", "cost", "world tensors", "median ms (p25-p75)", "ns / sphere", "/ radius filled",
                 "swept / plain on the same spheres"], rows))
+    emit(f"'{unclassified}': the same tensors with robot_sdf.raw_meshes switched off (every mesh built "
+         "elsewhere searched to max_dist + r + eta, the path before closed shells were classified).")
+    _classification_cost(b, meshes)
+
+
+def _full_search(fn: Callable[[], object]) -> None:
+    raw_meshes.ENABLED = False
+    try:
+        fn()
+    finally:
+        raw_meshes.ENABLED = True
+
+
+def _classification_cost(b: Bench, meshes: list) -> None:
+    """The first call on raw tensors of new content (ids read, content digested, closed shells
+    classified) against the calls after it, 1k spheres plain fwd+bwd."""
+    firsts, steady = [], []
+    spheres = scenes.near_surface_spheres(meshes, 1000)
+    for round_ in range(3):
+        shifted = [dataclasses.replace(m, vertices=m.vertices + np.float32(1e-5 * (round_ + 1))) for m in meshes]
+        runner = CostRunner(TensorWorld(shifted, b.device, 0.0), spheres)
+        with cpu_threads(1):
+            start = time.perf_counter()
+            runner.forward_backward()
+            firsts.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            runner.forward_backward()
+            steady.append(time.perf_counter() - start)
+    emit(f"Raw tensors of new content, first call {1e3 * statistics.median(firsts):.0f} ms against "
+         f"{1e3 * statistics.median(steady):.0f} ms after it (1k spheres, one thread, medians of 3): the "
+         "difference is reading, digesting and classifying the meshes, once per content (robot_sdf.raw_meshes).")
 
 
 def _one_thread(fn: Callable[[], object]) -> None:

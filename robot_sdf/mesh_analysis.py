@@ -15,8 +15,9 @@ that holds nothing but the mesh id can reach it. Layout, for V vertices and T tr
     V + 3T + 2      (SIGN_DATA_MAGIC, winding-number support 0/1, the mesh's own sign method)
     V + 3T + 3      (winding radius, 1 if the bounding box bounds the winding-number inside,
                      1 if the mesh has slivers: closest points are then re-searched in float64)
-    V + 3T + 4      (total area A, 1 if auto classified the mesh as one closed, consistently
-                     oriented shell without self-intersections (set by MeshWorld, not on a refit), 0)
+    V + 3T + 4      (total area A, 1 if the mesh's sign is `normal` and MeshWorld classified it
+                     (auto, or normal asked for) as one closed, consistently oriented shell without
+                     self-intersections (not on a refit), 0)
 
 Inside test far from the surface: a closed surface (every edge used as often in one direction
 as in the other, any number of shells) has an integer winding number, 0 outside its bounding

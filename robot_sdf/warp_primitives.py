@@ -673,6 +673,7 @@ def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inv
     """_constant_arguments' values, kept per set of argument tensors; ``raw``: the world tensors
     may hold meshes built outside robot_sdf (not a MeshWorld snapshot's), to be classified."""
     global _last_set
+    raw = raw and raw_meshes.ENABLED  # part of the key: the switch may change between calls
     last = _last_set
     if last is not None and last[1] is weight and last[2] is activation_distance and last[3] is max_dist \
             and last[4] is mesh_idx and last[5] is mesh_pose_inverse and last[6] is mesh_enable \

@@ -97,21 +97,26 @@ class _Geometry:
         self.velocities = wp.array(data, dtype=wp.vec3, device=wdev)
         mesh = None
         method = requested
-        if requested == SignMethod.AUTO:
+        # classification: auto's choice; for ``normal``, whether the pseudo-normal sign is exact
+        # at any distance (then the kernels search within r + eta first, as for auto's shells).
+        classification = None
+        if requested in (SignMethod.AUTO, SignMethod.NORMAL):
             def factory() -> wp.Mesh:
                 return wp.Mesh(points=self.points, indices=self.indices, velocities=self.velocities)
 
-            self.classification, mesh = mesh_analysis.classify(centred, self.triangles, self.welded, factory,
-                                                                 facts)
-            method = self.classification.method
-            _log.info("mesh %r: sign method auto -> %s (%s; %d triangles, classified in %.3f s)", name,
-                      method.name.lower(), self.classification.reason, len(self.triangles),
-                      self.classification.seconds)
+            classification, mesh = mesh_analysis.classify(centred, self.triangles, self.welded, factory, facts)
+            if requested == SignMethod.AUTO:
+                self.classification = classification
+                method = classification.method
+                _log.info("mesh %r: sign method auto -> %s (%s; %d triangles, classified in %.3f s)", name,
+                          method.name.lower(), classification.reason, len(self.triangles), classification.seconds)
         self.method = method
         self.winding_number = method == SignMethod.WINDING_NUMBER
         data[-3, 1:] = (1.0 if self.winding_number else 0.0, float(int(method)))
-        # Auto proved the pseudo-normal sign exact (a refit rewrites the data without it).
-        data[-1, 1] = 1.0 if self.classification is not None and method == SignMethod.NORMAL else 0.0
+        # The classification proved the pseudo-normal sign exact (a refit rewrites the data
+        # without it).
+        self.closed_shell = classification is not None and classification.method == SignMethod.NORMAL
+        data[-1, 1] = 1.0 if self.closed_shell and method == SignMethod.NORMAL else 0.0
         # Kernels skip the mesh beyond this radius (+ the search bound): no surface is there and
         # no inside point (for winding_number on a surface that is not closed, that reaches
         # out to the winding radius).
@@ -194,6 +199,9 @@ class _Geometry:
                "winding_number_support": self.winding_number, "orientation": self.orientation.as_dict()}
         if self.classification is not None:
             out["auto"] = self.classification.as_dict()
+        if self.requested in (SignMethod.AUTO, SignMethod.NORMAL):
+            # Classified (auto, normal): searched within r + eta first by the plain cost.
+            out["closed_shell"] = self.closed_shell
         return out
 
     def __del__(self) -> None:

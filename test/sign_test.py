@@ -266,6 +266,7 @@ def test_forced_normal_costs_by_the_pseudo_normal_at_every_distance(name, device
     pts, sd = pts[clear], (sign * dist)[clear]
     world = MeshWorld(device=device, max_distance=max_d, sign_method="normal")
     world.add_mesh("m", v, t)
+    assert world.mesh_info("m")["closed_shell"] == (name == "capsule")
     got = sphere_costs(world, pts, radius, eta, max_d)
     want, _ = ref.cost_of_penetration(radius + eta - sd, eta)
     beyond = np.abs(sd) > radius + eta
