@@ -896,7 +896,8 @@ def launch_swept_sphere_cost(
     spheres = _flat(spheres_data, 16)
     env_arr, use_env = _env_query(env_query_idx, b, device)
     world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
-    raw = type(sign_method) is not WorldSnapshot  # MeshWorld's meshes: nothing to classify
+    # Raw world tensors may hold closed shells built elsewhere (raw_meshes); MeshWorld's may not.
+    slot_state = (mesh_enable, n_env_mesh) if type(sign_method) is not WorldSnapshot else ()
     sign_method, slot_bvh = _slot_bvh_arguments(sign_method, mesh_idx, mesh_pose_inverse, device)
     if out_evaluations is not None and (tuple(out_evaluations.shape) != (b, h, n) or out_evaluations.dtype != torch.int32
                                         or out_evaluations.device != device or not out_evaluations.is_contiguous()):
@@ -906,7 +907,7 @@ def launch_swept_sphere_cost(
     inputs = [
         spheres, _scalar_warp(weight, device), _scalar_warp(activation_distance, device),
         _scalar_warp(max_dist, device), _scalar_warp(speed_dt, device), *world, env_arr, use_env,
-        h, n, int(sweep_steps), int(bool(enable_speed_metric)), *_sign_arguments(sign_method, mesh_idx, device, *((mesh_enable, n_env_mesh) if raw else ())),
+        h, n, int(sweep_steps), int(bool(enable_speed_metric)), *_sign_arguments(sign_method, mesh_idx, device, *slot_state),
         slot_bvh, int(bool(compute_grad)), int(out_evaluations is not None),
     ]
     outputs = [_as_warp(outs.cost.view(-1)), _as_warp(outs.sparsity.view(-1)), *partials.warp_arrays(),
