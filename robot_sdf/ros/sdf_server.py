@@ -64,6 +64,7 @@ from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor, Si
 from rclpy.logging import LoggingSeverity
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.signals import SignalHandlerOptions
 from rcl_interfaces.msg import SetParametersResult
 from sensor_msgs.msg import PointCloud2
 from std_msgs.msg import Header
@@ -1078,10 +1079,18 @@ SPIN_POLL_S = 0.25
 
 
 def run_node(node_class: type[Node], args: list[str] | None = None) -> int:
-    """Run ``node_class()`` on a multi-threaded executor until shutdown (SIGINT: exit code 0).
+    """Run ``node_class()`` on a multi-threaded executor until SIGINT or SIGTERM (exit code 0).
 
     Exit code 2 when its constructor raises ConfigError (invalid parameters or scene file).
     Shared by the ``sdf_server`` and ``sdf_server_managed`` console scripts.
+
+    SIGINT and SIGTERM are handled here, not by rclpy: rclpy's handler shuts every context down
+    from its own thread at once, while the node's executors (this one, the world-update and
+    transform threads on their own contexts) are still waiting on them; under load that race
+    ended the process with a segmentation fault at shutdown (seen twice in stressed test runs,
+    the crashing thread a native one). Here a signal only asks the main loop to stop; the
+    executors, the node (which stops its own threads and contexts) and the contexts are then
+    shut down in that order, from this thread.
     """
     use_node_switch_interval()
     # A crash in native code (rclpy, Warp, torch) then leaves the Python stacks of every thread in
@@ -1090,37 +1099,39 @@ def run_node(node_class: type[Node], args: list[str] | None = None) -> int:
     # SIGUSR1 writes every thread's Python stack to the log and the node runs on: a supervisor
     # (robot_sdf.ros.server_process) asks for it before killing a node that did not stop.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    rclpy.init(args=args)
+    stop = threading.Event()
+    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    previous = {sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     node: Node | None = None
     executor: MultiThreadedExecutor | None = None
     try:
         node = node_class()
         executor = MultiThreadedExecutor(num_threads=4)
         executor.add_node(node)
-        # Not executor.spin(): under load, rclpy 9 can leave it waiting for good after SIGINT
-        # (the SIGINT guard condition woke the wait while the context was still ok; the context
-        # was shut down a moment later by rclpy's signal thread, and nothing woke the next wait;
-        # seen as a node stuck in _wait_for_ready_callbacks, killed after 10 s). Each wait
-        # ends after SPIN_POLL_S at the latest, so a shut-down context is seen within that.
-        while node.context.ok():
+        # Not executor.spin(): each wait ends after SPIN_POLL_S at the latest, so a stop request
+        # (a Python signal handler runs between waits) or a context shut down elsewhere is seen
+        # within that.
+        while not stop.is_set() and node.context.ok():
             try:
                 executor.spin_once(timeout_sec=SPIN_POLL_S)
-            except Exception:  # noqa: BLE001 - SIGINT shut the context down during the call
-                # (rclpy then fails to create the wait's timeout timer: RCLError); anything else
-                # with the context still up is a real error
+            except Exception:  # noqa: BLE001 - the context was shut down during the call (rclpy then
+                # fails to create the wait's timeout timer: RCLError); anything else with the
+                # context still up is a real error
                 if node.context.ok():
                     raise
     except ConfigError as exc:
         rclpy.logging.get_logger(NODE_NAME).error(f"invalid configuration: {exc}")
         return 2
     except (KeyboardInterrupt, ExternalShutdownException):
-        pass  # SIGINT may land before spin() (rclpy then raises KeyboardInterrupt) or during it
+        pass
     finally:
         if executor is not None:
             executor.shutdown()
         if node is not None:
             node.destroy_node()
         rclpy.try_shutdown()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
 
 
