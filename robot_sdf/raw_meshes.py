@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -48,6 +49,9 @@ ENABLED = True
 SHORT_SEARCH_METHODS = (SignMethod.AUTO, SignMethod.NORMAL, SignMethod.WINDING_NUMBER)
 _VERDICT_CACHE_SIZE = 4096
 _verdicts: OrderedDict[bytes, bool] = OrderedDict()
+# Per mesh_idx tensor (by id): (weak reference, (address, version) when made, verdicts by mesh id).
+_TENSOR_MEMO_SIZE = 64
+_by_tensor: OrderedDict[int, tuple] = OrderedDict()
 _verdicts_lock = threading.Lock()
 
 
@@ -93,11 +97,28 @@ def classifiable(mesh_idx: torch.Tensor, mesh_enable: torch.Tensor, n_env_mesh: 
     return ENABLED and not (mesh_idx.is_inference() or mesh_enable.is_inference() or n_env_mesh.is_inference())
 
 
+def _known_verdicts(mesh_idx: torch.Tensor) -> dict[int, bool]:
+    """Verdicts by mesh id for this mesh_idx tensor, kept while it is the same object at the same
+    address and version (a write starts a new dict)."""
+    state = (mesh_idx.data_ptr(), mesh_idx._version)
+    with _verdicts_lock:
+        entry = _by_tensor.get(id(mesh_idx))
+        if entry is not None and entry[0]() is mesh_idx and entry[1] == state:
+            _by_tensor.move_to_end(id(mesh_idx))
+            return entry[2]
+        known: dict[int, bool] = {}
+        _by_tensor[id(mesh_idx)] = (weakref.ref(mesh_idx), state, known)
+        while len(_by_tensor) > _TENSOR_MEMO_SIZE:
+            _by_tensor.popitem(last=False)
+        return known
+
+
 def closed_shell_slots(mesh_idx: torch.Tensor, mesh_enable: torch.Tensor, n_env_mesh: torch.Tensor,
-                       known: dict[int, bool], warp_device) -> np.ndarray:
+                       warp_device) -> np.ndarray:
     """(E, M) bool: the enabled slots below each environment's count whose mesh was built outside
-    robot_sdf and is a closed shell. ``known``: verdicts by mesh id, valid while ``mesh_idx`` is
-    unchanged (the caller keeps one per version of that tensor); new ids are added to it."""
+    robot_sdf and is a closed shell (ids met before in this mesh_idx tensor, unchanged since, are
+    not read again)."""
+    known = _known_verdicts(mesh_idx)
     ids = mesh_idx.detach().cpu().numpy().astype(np.int64)
     enabled = mesh_enable.detach().cpu().numpy() != 0
     counts = n_env_mesh.detach().reshape(-1).cpu().numpy().astype(np.int64)

@@ -517,8 +517,7 @@ def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device, m
         if codes is not None:
             return _SIGN_PER_SLOT, codes
     if method == SignMethod.WINDING_NUMBER:
-        # A host copy of the ids (a device sync on CUDA): only for this call-wide override.
-        _check_winding_support(mesh_idx.detach().reshape(-1).cpu().numpy().astype(np.uint64))
+        _check_call_wide_winding(mesh_idx)
     unused = _no_slot_sign.get(device)
     if unused is None:
         with _internals.plain_tensors():
@@ -531,9 +530,7 @@ def _slot_codes(signs, mesh_idx: torch.Tensor, mesh_enable: torch.Tensor, n_env_
     """Descriptor of the per-slot sign codes: ``signs`` (a per-slot uint8 tensor, or one method for
     every slot) plus raw_meshes.CLOSED_SHELL on the closed shells built outside robot_sdf; None for
     a call-wide method when there is no such shell (the scalar code serves)."""
-    # Verdicts by mesh id, kept while mesh_idx is unchanged (a write starts a new dict).
-    known = _cached(("raw_verdicts", id(mesh_idx)), (mesh_idx,), dict, content=True)
-    flags = raw_meshes.closed_shell_slots(mesh_idx, mesh_enable, n_env_mesh, known, warp_device(device))
+    flags = raw_meshes.closed_shell_slots(mesh_idx, mesh_enable, n_env_mesh, warp_device(device))
     if isinstance(signs, torch.Tensor):
         checked = _checked_slot_signs(signs, mesh_idx)
         if not flags.any():
@@ -543,11 +540,17 @@ def _slot_codes(signs, mesh_idx: torch.Tensor, mesh_enable: torch.Tensor, n_env_
         if not flags.any():
             return None
         if signs == _WINDING:
-            _check_winding_support(mesh_idx.detach().reshape(-1).cpu().numpy().astype(np.uint64))
+            _check_call_wide_winding(mesh_idx)
         host = np.full(flags.shape, signs, np.uint8)
     with _internals.plain_tensors():
         codes = torch.from_numpy(host + flags.astype(np.uint8) * raw_meshes.CLOSED_SHELL).to(device)
     return _owning(codes)
+
+
+def _check_call_wide_winding(mesh_idx: torch.Tensor) -> None:
+    """Refuse a call-wide winding_number on any mesh of the world built without support: a host
+    copy of the ids (a device sync on CUDA), only for this override."""
+    _check_winding_support(mesh_idx.detach().reshape(-1).cpu().numpy().astype(np.uint64))
 
 
 def _check_winding_support(ids: np.ndarray) -> None:

@@ -100,10 +100,10 @@ def _mixed_world(device):
 def test_only_closed_shells_are_flagged(device):
     meshes, env = _mixed_world(device)
     wdev = warp_device(torch.device(device))
-    flags = raw_meshes.closed_shell_slots(env.mesh_idx, env.mesh_enable, env.n_env_mesh, {}, wdev)
+    flags = raw_meshes.closed_shell_slots(env.mesh_idx, env.mesh_enable, env.n_env_mesh, wdev)
     assert flags.tolist() == [[True, True, False, False]]
     env.mesh_enable[0, 1] = 0
-    flags = raw_meshes.closed_shell_slots(env.mesh_idx, env.mesh_enable, env.n_env_mesh, {}, wdev)
+    flags = raw_meshes.closed_shell_slots(env.mesh_idx, env.mesh_enable, env.n_env_mesh, wdev)
     assert flags.tolist() == [[True, False, False, False]]  # a disabled slot is not read
 
 
