@@ -116,7 +116,7 @@ class _Geometry:
         # The classification proved the pseudo-normal sign exact (a refit rewrites the data
         # without it).
         self.closed_shell = classification is not None and classification.method == SignMethod.NORMAL
-        data[-1, 1] = 1.0 if self.closed_shell and method == SignMethod.NORMAL else 0.0
+        data[-1, 1] = 1.0 if self.closed_shell else 0.0
         # Kernels skip the mesh beyond this radius (+ the search bound): no surface is there and
         # no inside point (for winding_number on a surface that is not closed, that reaches
         # out to the winding radius).
@@ -190,6 +190,7 @@ class _Geometry:
         self.vertices = np.array(vertices, dtype=np.float32, copy=True)
         self.vertices.setflags(write=False)
         self.radius = radius
+        self.closed_shell = False  # the refit's sign data carries no classification
         self.cull_radius = max(radius, 0.0 if self.sign_writer.topology.balanced else winding_radius)
 
     def info(self) -> dict:

@@ -133,8 +133,11 @@ def test_enable_disable(world):
 def test_update_vertices_refits(world):
     world.add_mesh("a", BOX_V, BOX_T, POSE_A)
     world.add_mesh("b", SPH_V, SPH_T, POSE_B)
+    assert world.mesh_info("a")["closed_shell"] is True
     new_v = BOX_V * np.array([1.6, 0.7, 1.2]) + np.array([0.02, 0.0, -0.01])
     assert world.update_vertices("a", new_v) == 3
+    # The refit's sign data has no classification flag: the full search again.
+    assert world.mesh_info("a")["closed_shell"] is False
     expected = ref_cost([ref.RefMesh(new_v, BOX_T, POSE_A), ref.RefMesh(SPH_V, SPH_T, POSE_B)])
     old = ref_cost([ref.RefMesh(BOX_V, BOX_T, POSE_A), ref.RefMesh(SPH_V, SPH_T, POSE_B)])
     assert not np.allclose(expected, old, atol=1e-3)

@@ -1122,7 +1122,7 @@ def run_node(node_class: type[Node], args: list[str] | None = None) -> int:
     except ConfigError as exc:
         rclpy.logging.get_logger(NODE_NAME).error(f"invalid configuration: {exc}")
         return 2
-    except (KeyboardInterrupt, ExternalShutdownException):
+    except ExternalShutdownException:
         pass
     finally:
         if executor is not None:
