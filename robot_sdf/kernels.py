@@ -82,6 +82,8 @@ EDGE_MARGIN = wp.constant(1.0e-4)
 SLIVER_REACH = wp.constant(0.02)
 # Closer to a surface than this [m], the Hessian of the distance (~1/distance) is reported as 0.
 HESSIAN_MIN_DISTANCE = wp.constant(1.0e-6)
+# 1 - cos of the angle within which a direction counts as a face's normal (float32 noise).
+HESSIAN_FLAT_COSINE = wp.constant(1.0e-6)
 # Largest excess distance (m) of the triangle Warp's float32 search picks on a sliver mesh over
 # the closest one: farther out the float64 re-search looks near the point found only.
 SLIVER_PICK_ERROR = wp.constant(1.0e-4)
@@ -1460,7 +1462,10 @@ def mesh_sd_hessian(mesh: wp.uint64, p: wp.vec3, sd: float, grad_sd: wp.vec3) ->
     if not wp.mesh_query_point_no_sign(mesh, c, HESSIAN_MIN_DISTANCE + 1.0e-3 * wp.abs(sd), face, u, v):
         return zero
     delta, dist, feature, face_n = refine_closest(mesh, p, face)
-    if feature == 0:
+    if feature == 0 or wp.abs(wp.dot(grad_sd, face_n)) >= 1.0 - HESSIAN_FLAT_COSINE:
+        # In a face's region, or on its border: there the distance is that to the face's plane
+        # on one side at least, and on both above an edge or corner where the faces are flat
+        # (the triangles of a planar patch), whose curvature is 0.
         return zero
     h = wp.identity(n=3, dtype=float) - wp.outer(grad_sd, grad_sd)
     if feature <= 3:

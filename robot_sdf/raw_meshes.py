@@ -36,6 +36,7 @@ from collections import OrderedDict
 
 import numpy as np
 import torch
+import warp as wp
 
 from robot_sdf import mesh_analysis
 from robot_sdf.types import SignMethod
@@ -43,16 +44,37 @@ from robot_sdf.types import SignMethod
 # kernels.SIGN_CLOSED_SHELL: added to a slot's sign code.
 CLOSED_SHELL = 16
 # Switch for side-by-side checks (tests, benchmarks): False searches every mesh built elsewhere
-# to the full bound.
+# to the full bound with Warp's own sign.
 ENABLED = True
 # Sign methods whose short search a closed shell allows (mesh_signed_distance's raw_closed).
 SHORT_SEARCH_METHODS = (SignMethod.AUTO, SignMethod.NORMAL, SignMethod.WINDING_NUMBER)
+# Sign methods under which a closed shell is evaluated through its twin (pseudo-normal sign).
+TWIN_METHODS = (SignMethod.AUTO, SignMethod.NORMAL)
 _VERDICT_CACHE_SIZE = 4096
-_verdicts: OrderedDict[bytes, bool] = OrderedDict()
-# Per mesh_idx tensor (by id): (weak reference, (address, version) when made, verdicts by mesh id).
+# Twins kept for content not in use by any kept world tensor (bytes on their devices).
+TWIN_CACHE_BYTES = 1 << 30
+_verdicts: OrderedDict[tuple, ClosedShell | None] = OrderedDict()
+_twin_bytes = 0
+# Per mesh_idx tensor (by id): (weak reference, (address, version) when made, shells by mesh id).
 _TENSOR_MEMO_SIZE = 64
 _by_tensor: OrderedDict[int, tuple] = OrderedDict()
 _verdicts_lock = threading.Lock()
+
+
+class ClosedShell:
+    """A closed shell built outside robot_sdf and its twin: a Warp mesh of the same points and
+    triangles, in the same frame, on the same device, that carries robot_sdf's sign data (the
+    pseudo-normals of mesh_analysis and the closed-shell flag), so that the kernels treat it as
+    one of MeshWorld's classified shells (short search, shared swept traversal, exact sign at
+    edges and corners). ``nbytes``: device memory of the twin's arrays and BVH (estimate)."""
+
+    def __init__(self, mesh: wp.Mesh, arrays: tuple) -> None:
+        self.mesh = mesh
+        self.twin_id = int(np.uint64(mesh.id).astype(np.int64))
+        self._arrays = arrays  # points, indices, sign data: the mesh reads them
+        n_points, n_indices = arrays[0].shape[0], arrays[1].shape[0]
+        # Points and sign data (12 B per row), indices, and about two BVH nodes of 32 B per triangle.
+        self.nbytes = 12 * (n_points + arrays[2].shape[0]) + 4 * n_indices + 64 * (n_indices // 3)
 
 
 def content_digest(points: np.ndarray, indices: np.ndarray) -> bytes:
@@ -65,31 +87,68 @@ def content_digest(points: np.ndarray, indices: np.ndarray) -> bytes:
     return h.digest()
 
 
+def _valid_triangles(points: np.ndarray, indices: np.ndarray) -> bool:
+    if indices.size == 0 or indices.size % 3 or points.shape[0] == 0:
+        return False
+    return 0 <= int(indices.min()) and int(indices.max()) < points.shape[0] and bool(np.isfinite(points).all())
+
+
 def is_closed_shell(points: np.ndarray, indices: np.ndarray) -> bool:
     """mesh_analysis.classify's ``normal`` verdict (one closed, consistently and outward oriented
     shell without self-intersections) for a mesh's points (V, 3) and flat indices (3T,); False for
     anything that is not a valid triangle list."""
-    if indices.size == 0 or indices.size % 3 or points.shape[0] == 0:
-        return False
-    if int(indices.min()) < 0 or int(indices.max()) >= points.shape[0] or not np.isfinite(points).all():
+    if not _valid_triangles(points, indices):
         return False
     verdict, _ = mesh_analysis.classify(points, indices.reshape(-1, 3))
     return verdict.method == SignMethod.NORMAL
 
 
-def _verdict(content: tuple[np.ndarray, np.ndarray]) -> bool:
-    key = content_digest(*content)
+def closed_shell(points: np.ndarray, indices: np.ndarray, device) -> ClosedShell | None:
+    """The ClosedShell of a mesh's points (V, 3) float32 and flat indices (3T,) int32 on Warp
+    ``device``, or None when it is no closed shell (is_closed_shell). The twin's BVH is the one
+    the self-intersection test of the classification needs, so it costs nothing extra."""
+    points = np.ascontiguousarray(points, np.float32)
+    indices = np.ascontiguousarray(indices, np.int32).reshape(-1)
+    if not _valid_triangles(points, indices):
+        return None
+    triangles = indices.reshape(-1, 3)
+    welded = mesh_analysis.weld(points)
+    arrays: list = []
+
+    def twin() -> wp.Mesh:
+        # Only for meshes that passed the topology checks (closed, consistently oriented
+        # outward, one shell): their pseudo-normals are the exact sign if no self-intersection
+        # turns up, and the flag is only kept then.
+        data = mesh_analysis.sign_data(points, triangles, False, SignMethod.NORMAL, welded=welded)
+        data[-1, 1] = 1.0  # closed shell (mesh_analysis module docstring, row V + 3T + 4)
+        arrays.extend((wp.array(points, dtype=wp.vec3, device=device),
+                       wp.array(indices, dtype=wp.int32, device=device),
+                       wp.array(data, dtype=wp.vec3, device=device)))
+        return wp.Mesh(points=arrays[0], indices=arrays[1], velocities=arrays[2])
+
+    verdict, mesh = mesh_analysis.classify(points, triangles, welded, twin)
+    if verdict.method != SignMethod.NORMAL or mesh is None:
+        return None
+    return ClosedShell(mesh, tuple(arrays))
+
+
+def _shell(content: tuple[np.ndarray, np.ndarray], device) -> ClosedShell | None:
+    global _twin_bytes
+    key = (content_digest(*content), str(device))
     with _verdicts_lock:
-        known = _verdicts.get(key)
-        if known is not None:
+        if key in _verdicts:
             _verdicts.move_to_end(key)
-            return known
-    verdict = is_closed_shell(*content)
+            return _verdicts[key]
+    shell = closed_shell(*content, device)
     with _verdicts_lock:
-        _verdicts[key] = verdict
-        while len(_verdicts) > _VERDICT_CACHE_SIZE:
-            _verdicts.popitem(last=False)
-    return verdict
+        if key in _verdicts:  # another thread was quicker: keep one twin
+            return _verdicts[key]
+        _verdicts[key] = shell
+        _twin_bytes += shell.nbytes if shell is not None else 0
+        while len(_verdicts) > _VERDICT_CACHE_SIZE or (_twin_bytes > TWIN_CACHE_BYTES and len(_verdicts) > 1):
+            _, dropped = _verdicts.popitem(last=False)
+            _twin_bytes -= dropped.nbytes if dropped is not None else 0
+    return shell
 
 
 def classifiable(mesh_idx: torch.Tensor, mesh_enable: torch.Tensor, n_env_mesh: torch.Tensor) -> bool:
@@ -97,16 +156,16 @@ def classifiable(mesh_idx: torch.Tensor, mesh_enable: torch.Tensor, n_env_mesh: 
     return ENABLED and not (mesh_idx.is_inference() or mesh_enable.is_inference() or n_env_mesh.is_inference())
 
 
-def _known_verdicts(mesh_idx: torch.Tensor) -> dict[int, bool]:
-    """Verdicts by mesh id for this mesh_idx tensor, kept while it is the same object at the same
-    address and version (a write starts a new dict)."""
+def _known_shells(mesh_idx: torch.Tensor) -> dict[int, ClosedShell | None]:
+    """Shells (None: not one) by mesh id for this mesh_idx tensor, kept while it is the same
+    object at the same address and version (a write starts a new dict)."""
     state = (mesh_idx.data_ptr(), mesh_idx._version)
     with _verdicts_lock:
         entry = _by_tensor.get(id(mesh_idx))
         if entry is not None and entry[0]() is mesh_idx and entry[1] == state:
             _by_tensor.move_to_end(id(mesh_idx))
             return entry[2]
-        known: dict[int, bool] = {}
+        known: dict[int, ClosedShell | None] = {}
         _by_tensor[id(mesh_idx)] = (weakref.ref(mesh_idx), state, known)
         while len(_by_tensor) > _TENSOR_MEMO_SIZE:
             _by_tensor.popitem(last=False)
@@ -114,23 +173,23 @@ def _known_verdicts(mesh_idx: torch.Tensor) -> dict[int, bool]:
 
 
 def closed_shell_slots(mesh_idx: torch.Tensor, mesh_enable: torch.Tensor, n_env_mesh: torch.Tensor,
-                       warp_device) -> np.ndarray:
-    """(E, M) bool: the enabled slots below each environment's count whose mesh was built outside
-    robot_sdf and is a closed shell (ids met before in this mesh_idx tensor, unchanged since, are
-    not read again)."""
-    known = _known_verdicts(mesh_idx)
+                       warp_device) -> tuple[np.ndarray, list]:
+    """((E, M) object array: the ClosedShell of each enabled slot below its environment's count
+    whose mesh was built outside robot_sdf and is a closed shell, None elsewhere; the distinct
+    shells). Ids met before in this mesh_idx tensor, unchanged since, are not read again."""
+    known = _known_shells(mesh_idx)
     ids = mesh_idx.detach().cpu().numpy().astype(np.int64)
     enabled = mesh_enable.detach().cpu().numpy() != 0
     counts = n_env_mesh.detach().reshape(-1).cpu().numpy().astype(np.int64)
     used = enabled & (np.arange(ids.shape[1])[None, :] < counts[:, None]) & (ids != 0)
-    flags = np.zeros(ids.shape, dtype=bool)
+    shells = np.full(ids.shape, None, dtype=object)
     if not used.any():
-        return flags
+        return shells, []
     new = [i for i in np.unique(ids[used]).tolist() if i not in known]
     if new:
         contents = mesh_analysis.read_meshes(np.array(new, np.int64).astype(np.uint64), warp_device)
         for mesh_id, content in zip(new, contents):
-            known[mesh_id] = content is not None and _verdict(content)
-    closed = np.array([known[i] for i in ids[used].tolist()], dtype=bool)
-    flags[used] = closed
-    return flags
+            known[mesh_id] = None if content is None else _shell(content, warp_device)
+    found = [known[i] for i in ids[used].tolist()]
+    shells[used] = np.array(found + [None], dtype=object)[:-1]
+    return shells, list({id(s): s for s in found if s is not None}.values())

@@ -482,11 +482,15 @@ def _slot_bvh_arguments(sign_method, mesh_idx: torch.Tensor, mesh_pose_inverse: 
 
 def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device, mesh_enable: torch.Tensor | None = None,
                     n_env_mesh: torch.Tensor | None = None) -> tuple:
-    """(scalar code, (n_env, m) uint8 Warp array) for the kernels' sign arguments.
+    """(scalar code, (n_env, m) uint8 Warp array, mesh ids Warp array or None) for the kernels'
+    sign arguments.
 
-    Given mesh_enable and n_env_mesh as well, the slots whose mesh was built outside robot_sdf
-    and is a closed shell get raw_meshes.CLOSED_SHELL added to their code (then always a
-    per-slot array), so that the kernels search them within r + eta first."""
+    Given mesh_enable and n_env_mesh as well, closed shells built outside robot_sdf
+    (raw_meshes) are looked for among the enabled slots: under auto or normal, the third value is
+    mesh_idx with their ids replaced by their twins' (robot_sdf's sign data: evaluated like
+    MeshWorld's classified shells); under winding_number their slots get raw_meshes.CLOSED_SHELL
+    added to their code (then always a per-slot array), so that the kernels search them within
+    r + eta first."""
     classify = mesh_enable is not None and n_env_mesh is not None \
         and raw_meshes.classifiable(mesh_idx, mesh_enable, n_env_mesh)
     if isinstance(sign_method, torch.Tensor):
@@ -505,46 +509,65 @@ def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device, m
             tensors = (ready, mesh_idx)
 
             def build():
-                return _checked_slot_signs(ready, mesh_idx)
+                return _checked_slot_signs(ready, mesh_idx), None
         if ready is sign_method:
-            return _SIGN_PER_SLOT, _cached(("sign", classify) + tuple(map(id, tensors)), tensors, build, content=True)
-        return _SIGN_PER_SLOT, build()
+            return (_SIGN_PER_SLOT, *_cached(("sign", classify) + tuple(map(id, tensors)), tensors, build,
+                                             content=True))
+        return (_SIGN_PER_SLOT, *build())
     method = SignMethod.parse(sign_method)
+    ids = None
     if classify and method in raw_meshes.SHORT_SEARCH_METHODS:
         tensors = (mesh_idx, mesh_enable, n_env_mesh)
-        codes = _cached(("wide_sign", int(method)) + tuple(map(id, tensors)), tensors,
-                        lambda: _slot_codes(int(method), mesh_idx, mesh_enable, n_env_mesh, device), content=True)
+        codes, ids = _cached(("wide_sign", int(method)) + tuple(map(id, tensors)), tensors,
+                             lambda: _slot_codes(int(method), mesh_idx, mesh_enable, n_env_mesh, device), content=True)
         if codes is not None:
-            return _SIGN_PER_SLOT, codes
+            return _SIGN_PER_SLOT, codes, ids
     if method == SignMethod.WINDING_NUMBER:
         _check_call_wide_winding(mesh_idx)
     unused = _no_slot_sign.get(device)
     if unused is None:
         with _internals.plain_tensors():
             unused = _no_slot_sign.setdefault(device, torch.zeros((1, 1), dtype=torch.uint8, device=device))
-    return int(method), _cached(("no_sign", id(unused)), (unused,), lambda: _as_warp(unused))
+    return int(method), _cached(("no_sign", id(unused)), (unused,), lambda: _as_warp(unused)), ids
+
+
+_TWIN_CODES = tuple(int(m) for m in raw_meshes.TWIN_METHODS)
 
 
 def _slot_codes(signs, mesh_idx: torch.Tensor, mesh_enable: torch.Tensor, n_env_mesh: torch.Tensor,
-                device: torch.device):
-    """Descriptor of the per-slot sign codes: ``signs`` (a per-slot uint8 tensor, or one method for
-    every slot) plus raw_meshes.CLOSED_SHELL on the closed shells built outside robot_sdf; None for
-    a call-wide method when there is no such shell (the scalar code serves)."""
-    flags = raw_meshes.closed_shell_slots(mesh_idx, mesh_enable, n_env_mesh, warp_device(device))
+                device: torch.device) -> tuple:
+    """(descriptor of the per-slot sign codes, descriptor of the mesh ids or None) for the closed
+    shells built outside robot_sdf (raw_meshes) among the enabled slots: under auto or normal a
+    shell's id is replaced by its twin's, under winding_number its code gets
+    raw_meshes.CLOSED_SHELL. ``signs``: a per-slot uint8 tensor, or one method for every slot;
+    the codes are None for one method when no slot needs a flag (the scalar code serves)."""
+    shells, kept = raw_meshes.closed_shell_slots(mesh_idx, mesh_enable, n_env_mesh, warp_device(device))
+    closed = shells != None  # noqa: E711 (element-wise over an object array)
     if isinstance(signs, torch.Tensor):
         checked = _checked_slot_signs(signs, mesh_idx)
-        if not flags.any():
-            return checked
+        if not closed.any():
+            return checked, None
         host = signs.detach().cpu().numpy()
     else:
-        if not flags.any():
-            return None
+        if not closed.any():
+            return None, None
         if signs == _WINDING:
             _check_call_wide_winding(mesh_idx)
-        host = np.full(flags.shape, signs, np.uint8)
+        host = np.full(closed.shape, signs, np.uint8)
+    twinned = closed & np.isin(host, _TWIN_CODES)
+    flagged = closed & ~twinned
+    ids = None
     with _internals.plain_tensors():
-        codes = torch.from_numpy(host + flags.astype(np.uint8) * raw_meshes.CLOSED_SHELL).to(device)
-    return _owning(codes)
+        if twinned.any():
+            host_ids = mesh_idx.detach().cpu().numpy().astype(np.int64)
+            host_ids[twinned] = [s.twin_id for s in shells[twinned]]
+            ids = _owning(torch.from_numpy(host_ids).to(device))
+            ids.shells = kept  # the twins live while a launch may use their ids
+        if isinstance(signs, torch.Tensor) or flagged.any():
+            codes = _owning(torch.from_numpy(host + flagged.astype(np.uint8) * raw_meshes.CLOSED_SHELL).to(device))
+        else:
+            codes = None
+    return codes, ids
 
 
 def _check_call_wide_winding(mesh_idx: torch.Tensor) -> None:
@@ -705,10 +728,14 @@ def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inv
             _last_set = ((device, raw), weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
                          n_env_mesh, sign_method, entry)
             return values
+    world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
+    code, slot_signs, twin_ids = (_sign_arguments(sign_method, mesh_idx, device, mesh_enable, n_env_mesh) if raw
+                                  else _sign_arguments(sign_method, mesh_idx, device))
+    converted = _converted(world, (mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh))
+    if twin_ids is not None:
+        world = (twin_ids,) + world[1:]
     values = (_scalar_warp(weight, device), _scalar_warp(activation_distance, device), _scalar_warp(max_dist, device),
-              *_check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device),
-              *(_sign_arguments(sign_method, mesh_idx, device, mesh_enable, n_env_mesh) if raw
-                else _sign_arguments(sign_method, mesh_idx, device)),
+              *world, code, slot_signs,
               _slot_bvh_arguments(None, mesh_idx, mesh_pose_inverse, device)[1])  # the loop's placeholder
     # Kept only when nothing in it is a per-call copy and no call-wide winding_number check
     # (which reads the mesh ids on every call) is involved.
@@ -718,9 +745,10 @@ def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inv
         tensors = (weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh)
         tensors += (sign_method,) if per_slot else ()
         # Positions of the tensors whose values the entry depends on.
-        content_at = ((3, 7) if per_slot else ()) + ((3, 4, 5, 6) if _converted(values[3:7], tensors[3:7]) else ())
-        if raw and values[7] == _SIGN_PER_SLOT and raw_meshes.classifiable(mesh_idx, mesh_enable, n_env_mesh):
-            # The codes name the closed shells among the ids of the enabled slots.
+        content_at = ((3, 7) if per_slot else ()) + ((3, 4, 5, 6) if converted else ())
+        if raw and (values[7] == _SIGN_PER_SLOT or twin_ids is not None) \
+                and raw_meshes.classifiable(mesh_idx, mesh_enable, n_env_mesh):
+            # The codes and the twins' ids name the closed shells among the ids of the enabled slots.
             content_at += (3, 5, 6)
         check = _validator(tensors, bool(content_at))
         if check is not None:
@@ -907,10 +935,13 @@ def launch_swept_sphere_cost(
         raise ValueError(f"out_evaluations must be a contiguous ({b}, {h}, {n}) int32 tensor on {device}")
     partials = SweptPartials(b, h, n, device) if compute_grad else SweptPartials(1, 1, 1, device)
     evaluations = out_evaluations if out_evaluations is not None else _unused_int(device)
+    code, slot_signs, twin_ids = _sign_arguments(sign_method, mesh_idx, device, *slot_state)
+    if twin_ids is not None:
+        world = (twin_ids,) + world[1:]
     inputs = [
         spheres, _scalar_warp(weight, device), _scalar_warp(activation_distance, device),
         _scalar_warp(max_dist, device), _scalar_warp(speed_dt, device), *world, env_arr, use_env,
-        h, n, int(sweep_steps), int(bool(enable_speed_metric)), *_sign_arguments(sign_method, mesh_idx, device, *slot_state),
+        h, n, int(sweep_steps), int(bool(enable_speed_metric)), code, slot_signs,
         slot_bvh, int(bool(compute_grad)), int(out_evaluations is not None),
     ]
     outputs = [_as_warp(outs.cost.view(-1)), _as_warp(outs.sparsity.view(-1)), *partials.warp_arrays(),

@@ -282,6 +282,48 @@ def test_signed_distance_hessian_closed_forms(scene):
         torch.testing.assert_close(dist[i], world.signed_distance(sets[i])[0])
 
 
+def _flat_diagonals() -> list[tuple[np.ndarray, np.ndarray]]:
+    """(a, b) box-frame ends of each face's diagonal: the edge its two coplanar triangles share."""
+    out = []
+    for axis in range(3):
+        for side in (-1.0, 1.0):
+            on = [t for t in BOX_T if np.allclose(BOX_V[t, axis], side * HALF[axis])]
+            assert len(on) == 2
+            shared = sorted(set(on[0].tolist()) & set(on[1].tolist()))
+            out.append((BOX_V[shared[0]], BOX_V[shared[1]]))
+    return out
+
+
+def test_hessian_is_zero_above_flat_edges(scene):
+    """Above (and below) the diagonal of a box face, where the face's two coplanar triangles
+    meet, the distance is that to a plane: the signed distance has no curvature there, and the
+    cost's Hessian is c''(d) n n^T alone (central differences of the reference's gradient)."""
+    world, envs = scene
+    rng = np.random.default_rng(21)
+    local, radii = [], []
+    for a, b in _flat_diagonals():
+        normal = np.where(np.isclose(np.abs(a), HALF) & np.isclose(np.abs(b), HALF) & (np.sign(a) == np.sign(b)),
+                          np.sign(a), 0.0)
+        for t in (0.25, 0.5, 0.7):
+            on_edge = a + t * (b - a)
+            local += [on_edge + 0.03 * normal, on_edge - 0.03 * normal]
+            radii += [0.01, 0.0]
+    spheres = np.concatenate([box_world_points(np.array(local)), np.array(radii)[:, None]], 1)[None, None]
+    v = rng.normal(size=spheres.shape)
+    v[..., 3] = 0.0
+    eps = 1e-5
+    fd = (_reference_grad(spheres + eps * v, envs) - _reference_grad(spheres - eps * v, envs)) / (2 * eps)
+    x = torch.tensor(spheres, dtype=torch.float32, device=world.device).requires_grad_()
+    (g,) = torch.autograd.grad(world.sphere_cost(x, ETA, 1.0).sum(), x, create_graph=True)
+    (hv,) = torch.autograd.grad((g * torch.tensor(v, dtype=torch.float32, device=world.device)).sum(), x)
+    np.testing.assert_allclose(hv[..., :3].cpu().numpy(), fd, atol=2e-3 * max(1.0, float(np.abs(fd).max())))
+    # The signed distance's own Hessian: 0 at every one of these points.
+    pts = torch.tensor(spheres[0, 0, :, :3], dtype=torch.float32, device=world.device)
+    for p in pts:
+        hess = torch.func.hessian(lambda q: world.signed_distance(q.reshape(1, 3))[0].sum())(p)
+        assert float(hess.abs().max()) < 1e-3
+
+
 def test_swept_and_remote_style_double_backward_is_refused(scene):
     world, _ = scene
     s = torch.from_numpy(random_spheres(5)).to(world.device).requires_grad_()
