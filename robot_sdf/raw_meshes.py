@@ -1,31 +1,40 @@
 """Meshes built outside robot_sdf (a cuRobo user's ``wp.Mesh`` ids in the world tensors): which
-of them are closed shells, so that the kernels may search them as briefly as MeshWorld's own.
+of them are closed shells, and twins that let the kernels evaluate those as MeshWorld's own.
 
 Why it matters: without robot_sdf's sign data, a mesh's sign is Warp's own query at the closest
 triangle, and on an open surface (a ground plane, a scanned patch) that says "inside" on the
 back side at any distance within the search: such a mesh is searched out to
 max_dist + r + eta, as cuRobo does. A mesh that is one closed, consistently and outward oriented
 shell without self-intersections (mesh_analysis.classify's ``normal`` verdict) has a bounded
-inside, so the plain cost searches it within r + eta first, like a MeshWorld mesh: a point with
-nothing that near is outside unless one ray finds it inside, and then the search that the full
-bound would have made decides (kernels.mesh_signed_distance, SIGN_CLOSED_SHELL). Results with a
-cost are those of the full search; on the robot-like bench scene the plain cost takes about a
-quarter of the time (docs/benchmarks.md).
+inside, and Baerentzen's pseudo-normal sign is exact for it at any distance. Such a shell gets a
+twin (ClosedShell): a Warp mesh of the same points and triangles, in the same frame and on the
+same device, that carries robot_sdf's sign data with the closed-shell flag. Under ``auto`` and
+``normal`` the call's mesh ids are replaced by the twins' ids (warp_primitives), so these meshes
+take every fast path of MeshWorld's classified shells: the plain cost searched within r + eta
+first, the swept cost's one traversal for a step's samples, and the exact sign at edges and
+corners (Warp's normal sign is not exact there: on a capsule's axis it calls deep centres
+outside). Under ``winding_number`` the raw mesh is kept and only flagged (CLOSED_SHELL in its
+slot's sign code): searched within r + eta first, its own winding number decides.
 
 What is read, and when: the ids of the enabled slots below each environment's count, on the
 host (a device synchronisation on CUDA), whenever the mesh_idx, mesh_enable or n_env_mesh tensor
 of a call is new or was written in place (torch's version counters; a caller writing the same
 tensors call after call pays nothing more). Each new id's points and indices are copied out
-through the id (mesh_analysis.read_meshes) and digested; the verdict is kept per digest, so an id
-that Warp reuses for another mesh after a free is classified by its new content, and per
-(mesh_idx tensor, id) until that tensor is written. Classification costs about as much as
-MeshWorld's ``auto`` (about 20 ms per 16k triangles on one core), once per geometry.
+through the id (mesh_analysis.read_meshes) and digested; the shell (or the verdict that it is
+none) is kept per (digest, device), so an id that Warp reuses for another mesh after a free is
+judged by its new content, and per (mesh_idx tensor, id) until that tensor is written.
+Classification and twin cost about what MeshWorld's ``auto`` costs when adding the mesh (the
+twin's BVH is the one the self-intersection test builds), once per geometry; the twin's memory
+is about that of the original mesh. Twins of content that no kept call arguments use are
+dropped beyond TWIN_CACHE_BYTES (then rebuilt when met again).
 
-Not classified (searched to the full bound, as before): world tensors created under
-torch.inference_mode (they have no version counter to follow writes), MeshWorld's meshes (they
-carry their own sign data and flags), the call-wide methods ``default`` and ``parity``, and
-refits: a mesh refitted to new points keeps its verdict (its topology cannot change; refitting a
-shell into a self-intersecting shape is not seen).
+Not classified (searched to the full bound with Warp's sign, as before): world tensors created
+under torch.inference_mode (they have no version counter to follow writes), MeshWorld's meshes
+(they carry their own sign data and flags), the call-wide methods ``default`` and ``parity``.
+A mesh refitted in place (wp.Mesh.refit after writing its points) is not seen by itself: its twin
+keeps the content it was built from. cuRobo builds a new mesh for new geometry and never refits;
+a caller that refits must then write the mesh_idx tensor in place (``mesh_idx.add_(0)`` will do),
+and the next call reads every id again.
 """
 from __future__ import annotations
 
@@ -191,5 +200,7 @@ def closed_shell_slots(mesh_idx: torch.Tensor, mesh_enable: torch.Tensor, n_env_
         for mesh_id, content in zip(new, contents):
             known[mesh_id] = None if content is None else _shell(content, warp_device)
     found = [known[i] for i in ids[used].tolist()]
-    shells[used] = np.array(found + [None], dtype=object)[:-1]
+    column = np.empty(len(found), dtype=object)
+    column[:] = found
+    shells[used] = column
     return shells, list({id(s): s for s in found if s is not None}.values())

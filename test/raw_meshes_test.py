@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import warp as wp
 
 import mesh_corpus
 import reference as ref
@@ -261,6 +262,27 @@ def test_verdicts_follow_writes_to_the_world_tensors(device, monkeypatch):
     again = build_warp_env([meshes], device)  # the same box content under a fresh tensor
     _plain(spheres, _world(again), device)
     assert reads == [1, 1, 1] and len(classified) == count
+
+
+def test_a_refit_is_seen_after_mesh_idx_is_written(device):
+    """A raw closed shell refitted in place (points written, wp.Mesh.refit) keeps its twin until
+    the caller writes mesh_idx (the documented signal); then the new geometry is evaluated."""
+    box_v, box_t = ref.box((0.2, 0.2, 0.2))
+    mesh = wp.Mesh(points=wp.array(box_v.astype(np.float32), dtype=wp.vec3, device=device),
+                   indices=wp.array(box_t.reshape(-1).astype(np.int32), dtype=wp.int32, device=device))
+    world = (torch.tensor([[int(np.uint64(mesh.id).astype(np.int64))]], device=device),
+             torch.tensor([[[0.0, 0, 0, 1, 0, 0, 0, 0]]], device=device),
+             torch.ones((1, 1), dtype=torch.uint8, device=device), torch.ones(1, dtype=torch.int32, device=device))
+    spheres = np.array([[[[0.13, 0.0, 0.0, 0.01], [0.0, 0.0, 0.0, 0.01]]]])
+    before, _, _ = _plain(spheres, world, device)
+    grown = box_v * 1.5
+    want, _ = ref.sphere_cost(spheres, [[ref.RefMesh(grown, box_t)]], ETA, 1.0, MAX_DIST)
+    mesh.points.assign(wp.array(grown.astype(np.float32), dtype=wp.vec3, device=device))
+    mesh.refit()
+    world[0].add_(0)
+    after, _, _ = _plain(spheres, world, device)
+    np.testing.assert_allclose(after, want, atol=1e-5)
+    assert np.abs(after - before).max() > 0.03
 
 
 def test_inference_tensors_and_bad_slot_codes(device):
