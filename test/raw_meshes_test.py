@@ -196,6 +196,72 @@ def test_closed_shells_give_the_reference(device, full_search):
             assert wrong[~mask].any() and not wrong[mask].any()
 
 
+def test_per_slot_methods_choose_twin_or_raw_per_slot(device):
+    """A per-slot sign tensor: the capsule under auto goes through its twin (exact on its axis),
+    the arm link under winding_number keeps its raw mesh (its own winding number), the open
+    sheet and the inverted box keep Warp's default sign; each slot's costs are the reference's."""
+    from robot_sdf.types import SignMethod
+
+    meshes, env = _mixed_world(device)
+    closed = meshes[:2]
+    spheres, _ = _shell_spheres(closed)
+    pts = spheres[..., :3].reshape(-1, 3)
+    c_ref, g_ref = ref.sphere_cost(spheres, [closed], ETA, 1.0, MAX_DIST)
+    codes = torch.tensor([[SignMethod.AUTO, SignMethod.WINDING_NUMBER, SignMethod.NORMAL, SignMethod.DEFAULT]],
+                         dtype=torch.uint8, device=device)
+    cost, grad, _ = _plain(spheres, _world(env), device, codes)
+    mask = ref.world_gradient_ambiguity(pts, closed, 2e-6) <= 1e-4
+    capsule_axis = ~mask & (closed[0].signed_distance_world(pts)[0] < closed[1].signed_distance_world(pts)[0])
+    assert capsule_axis.sum() >= 10
+    checked = mask | capsule_axis
+    np.testing.assert_allclose(cost.reshape(-1)[checked], c_ref.reshape(-1)[checked], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(grad[..., :3].reshape(-1, 3)[mask], g_ref.reshape(-1, 3)[mask], atol=3e-4)
+    wdev = warp_device(torch.device(device))
+    shells, _ = raw_meshes.closed_shell_slots(env.mesh_idx, env.mesh_enable, env.n_env_mesh, wdev)
+    from robot_sdf.warp_primitives import _slot_codes
+
+    slot_codes, ids = _slot_codes(codes, env.mesh_idx, env.mesh_enable, env.n_env_mesh, torch.device(device))
+    substituted = ids.owner.cpu().numpy()[0]
+    assert substituted[0] == shells[0, 0].twin_id
+    assert substituted[1:].tolist() == env.mesh_idx.cpu().numpy()[0, 1:].tolist()  # winding_number: raw
+    assert slot_codes.owner.cpu().numpy()[0].tolist() == [int(SignMethod.AUTO),
+                                                          int(SignMethod.WINDING_NUMBER) + raw_meshes.CLOSED_SHELL,
+                                                          int(SignMethod.NORMAL), int(SignMethod.DEFAULT)]
+
+
+def test_concurrent_first_calls_build_one_twin(device):
+    """Calls from several threads on new raw content at once: the same results, and one twin per
+    content is kept."""
+    import threading
+
+    meshes, env = _mixed_world(device)
+    shifted = [ref.RefMesh(m.vertices * 1.01, m.triangles, m.pose) for m in meshes]
+    envs = [build_warp_env([shifted], device) for _ in range(4)]
+    spheres, _ = _shell_spheres(meshes[:2])
+    results, errors = [None] * 4, []
+    start = threading.Barrier(4)
+
+    def run(i):
+        try:
+            start.wait(timeout=60)
+            results[i] = _plain(spheres, _world(envs[i]), device)[0]
+        except Exception as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and all(r is not None for r in results)
+    for r in results[1:]:
+        np.testing.assert_array_equal(r, results[0])
+    wdev = warp_device(torch.device(device))
+    twins = {raw_meshes.closed_shell_slots(e.mesh_idx, e.mesh_enable, e.n_env_mesh, wdev)[0][0, 0].twin_id
+             for e in envs}
+    assert len(twins) == 1
+
+
 def test_twins_outlive_the_cache_while_in_use(device, monkeypatch):
     """With no room for twins in the content cache, a call's twins stay alive as long as its
     arguments are kept (the descriptors hold them), and results do not change."""
