@@ -26,7 +26,9 @@ judged by its new content, and per (mesh_idx tensor, id) until that tensor is wr
 Classification and twin cost about what MeshWorld's ``auto`` costs when adding the mesh (the
 twin's BVH is the one the self-intersection test builds), once per geometry; the twin's memory
 is about that of the original mesh. Twins of content that no kept call arguments use are
-dropped beyond TWIN_CACHE_BYTES (then rebuilt when met again).
+dropped beyond TWIN_CACHE_BYTES (then rebuilt when met again); on CUDA a dropped twin is freed
+only after a device synchronisation at the next read of world ids (release_retired), as a
+kernel queued before it was dropped may still read it.
 
 Not classified (searched to the full bound with Warp's sign, as before): world tensors created
 under torch.inference_mode (they have no version counter to follow writes), MeshWorld's meshes
@@ -84,6 +86,43 @@ class ClosedShell:
         n_points, n_indices = arrays[0].shape[0], arrays[1].shape[0]
         # Points and sign data (12 B per row), indices, and about two BVH nodes of 32 B per triangle.
         self.nbytes = 12 * (n_points + arrays[2].shape[0]) + 4 * n_indices + 64 * (n_indices // 3)
+
+    def __del__(self) -> None:
+        # On CUDA a kernel queued before the last reference went (on any stream) may still read
+        # the twin: its mesh and arrays wait in _retired for a device synchronisation.
+        try:
+            if _defer_free(self.mesh.device):
+                _retired.append((self.mesh.device, self.mesh, self._arrays))  # atomic under the GIL
+        except (AttributeError, TypeError):  # interpreter shutdown
+            pass
+
+
+# Twins dropped on CUDA, not yet freed: (device, mesh, arrays), released by release_retired.
+_retired: list = []
+# Tests set this to follow the CUDA path of retirement on the CPU.
+DEFER_FREE_ON_CPU = False
+
+
+def _defer_free(device) -> bool:
+    return DEFER_FREE_ON_CPU or not device.is_cpu
+
+
+def release_retired() -> int:
+    """Free the twins dropped since the last call, after synchronising their devices (every
+    stream: whatever was queued when they were dropped has then run); returns how many. Called
+    where the host waits for the device anyway (closed_shell_slots reads the world's ids);
+    never during a CUDA graph capture, which could not synchronise."""
+    if not _retired:
+        return 0
+    with _verdicts_lock:
+        taken = _retired[:]
+        del _retired[:len(taken)]
+    for device in {str(d): d for d, _, _ in taken}.values():
+        if not device.is_cpu:
+            wp.synchronize_device(device)
+    count = len(taken)
+    taken.clear()  # the meshes and arrays go here
+    return count
 
 
 def content_digest(points: np.ndarray, indices: np.ndarray) -> bytes:
@@ -186,6 +225,7 @@ def closed_shell_slots(mesh_idx: torch.Tensor, mesh_enable: torch.Tensor, n_env_
     """((E, M) object array: the ClosedShell of each enabled slot below its environment's count
     whose mesh was built outside robot_sdf and is a closed shell, None elsewhere; the distinct
     shells). Ids met before in this mesh_idx tensor, unchanged since, are not read again."""
+    release_retired()
     known = _known_shells(mesh_idx)
     ids = mesh_idx.detach().cpu().numpy().astype(np.int64)
     enabled = mesh_enable.detach().cpu().numpy() != 0

@@ -196,6 +196,24 @@ def test_closed_shells_give_the_reference(device, full_search):
             assert wrong[~mask].any() and not wrong[mask].any()
 
 
+def test_dropped_twins_wait_for_release(device, monkeypatch):
+    """The CUDA rule (followed on the CPU here): a twin whose last reference goes is not freed
+    until release_retired (a device synchronisation); its mesh stays readable until then."""
+    import gc
+
+    monkeypatch.setattr(raw_meshes, "DEFER_FREE_ON_CPU", True)
+    box_v, box_t = ref.box((0.3, 0.2, 0.1))
+    wdev = warp_device(torch.device(device))
+    shell = raw_meshes.closed_shell(box_v.astype(np.float32), box_t.reshape(-1).astype(np.int32), wdev)
+    twin_id = shell.twin_id
+    raw_meshes.release_retired()
+    del shell
+    gc.collect()
+    # The wp.Mesh object itself is held (Warp frees it only when that object goes).
+    assert len(raw_meshes._retired) == 1 and raw_meshes._retired[0][1].id == twin_id
+    assert raw_meshes.release_retired() == 1 and not raw_meshes._retired
+
+
 def test_per_slot_methods_choose_twin_or_raw_per_slot(device):
     """A per-slot sign tensor: the capsule under auto goes through its twin (exact on its axis),
     the arm link under winding_number keeps its raw mesh (its own winding number), the open
