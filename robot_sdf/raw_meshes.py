@@ -36,7 +36,12 @@ under torch.inference_mode (they have no version counter to follow writes), Mesh
 A mesh refitted in place (wp.Mesh.refit after writing its points) is not seen by itself: its twin
 keeps the content it was built from. cuRobo builds a new mesh for new geometry and never refits;
 a caller that refits must then write the mesh_idx tensor in place (``mesh_idx.add_(0)`` will do),
-and the next call reads every id again.
+and the next call reads every id again. Writes that torch does not count (through a numpy view
+or a Warp array aliasing the tensor's memory) are not seen either: the slot keeps the twin of the
+mesh it held; write through torch, or bump the tensor as above.
+
+Under CUDA graph capture the raw world tensors are passed as they are (no twins, no flags):
+warp_primitives.stream_capturing.
 """
 from __future__ import annotations
 
@@ -209,6 +214,8 @@ def _known_shells(mesh_idx: torch.Tensor) -> dict[int, ClosedShell | None]:
     object at the same address and version (a write starts a new dict)."""
     state = (mesh_idx.data_ptr(), mesh_idx._version)
     with _verdicts_lock:
+        for key in [k for k, e in _by_tensor.items() if e[0]() is None]:
+            del _by_tensor[key]  # a collected tensor's shells need not stay alive
         entry = _by_tensor.get(id(mesh_idx))
         if entry is not None and entry[0]() is mesh_idx and entry[1] == state:
             _by_tensor.move_to_end(id(mesh_idx))

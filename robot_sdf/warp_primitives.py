@@ -691,7 +691,15 @@ def _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_po
         return _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
                              n_env_mesh, sign_method, device, False)[:-1] + (slot_bvh,)
     return _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
-                         sign_method, device, True)
+                         sign_method, device, not stream_capturing(device))
+
+
+def stream_capturing(device: torch.device) -> bool:
+    """Whether torch's current stream on ``device`` is capturing a CUDA graph. A captured launch
+    replays with the memory it was given, so raw world tensors are then passed as they are (no
+    twins, no per-slot flags of raw_meshes): the graph follows the caller's in-place writes to
+    mesh_idx on replay, as cuRobo's captured collision checks expect."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
@@ -746,9 +754,10 @@ def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inv
         tensors += (sign_method,) if per_slot else ()
         # Positions of the tensors whose values the entry depends on.
         content_at = ((3, 7) if per_slot else ()) + ((3, 4, 5, 6) if converted else ())
-        if raw and (values[7] == _SIGN_PER_SLOT or twin_ids is not None) \
-                and raw_meshes.classifiable(mesh_idx, mesh_enable, n_env_mesh):
-            # The codes and the twins' ids name the closed shells among the ids of the enabled slots.
+        if raw and (per_slot or values[7] == _SIGN_PER_SLOT or SignMethod.parse(sign_method)
+                    in raw_meshes.SHORT_SEARCH_METHODS) and raw_meshes.classifiable(mesh_idx, mesh_enable, n_env_mesh):
+            # The codes and the twins' ids name the closed shells among the ids of the enabled
+            # slots: a slot given a mesh, or enabled, later may need a twin or a flag.
             content_at += (3, 5, 6)
         check = _validator(tensors, bool(content_at))
         if check is not None:
@@ -928,7 +937,8 @@ def launch_swept_sphere_cost(
     env_arr, use_env = _env_query(env_query_idx, b, device)
     world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
     # Raw world tensors may hold closed shells built elsewhere (raw_meshes); MeshWorld's may not.
-    slot_state = (mesh_enable, n_env_mesh) if type(sign_method) is not WorldSnapshot else ()
+    slot_state = (mesh_enable, n_env_mesh) if type(sign_method) is not WorldSnapshot \
+        and not stream_capturing(device) else ()
     sign_method, slot_bvh = _slot_bvh_arguments(sign_method, mesh_idx, mesh_pose_inverse, device)
     if out_evaluations is not None and (tuple(out_evaluations.shape) != (b, h, n) or out_evaluations.dtype != torch.int32
                                         or out_evaluations.device != device or not out_evaluations.is_contiguous()):
