@@ -589,3 +589,52 @@ def test_world_update_node_follows_remaps():
             node.destroy_node()
     finally:
         rclpy.try_shutdown(context=ctx)
+
+
+def test_an_update_applied_across_a_clock_jump_back_records_no_stamp(server):
+    """An ADD applied while the clock jumps back (a bag loop) must not leave its stamp behind
+    the jump's forgetting: the loop's next update, stamped earlier, applies (it was skipped as
+    stale when the worker recorded the stamp just after the jump cleared the stamps)."""
+    import threading
+    from types import SimpleNamespace
+
+    from rclpy.clock import ClockChange
+    from rclpy.duration import Duration
+
+    from robot_sdf.ros.sdf_server import SdfServer
+
+    node = SdfServer(context=server.harness.context, namespace="/jump", parameter_overrides=[
+        rclpy.parameter.Parameter(k, value=v) for k, v in dict(
+            device="cpu", marker_rate_hz=0.0, slice_rate_hz=0.0, diagnostics_rate_hz=0.0).items()])
+    entered, release = threading.Event(), threading.Event()
+    add_mesh = node.world.add_mesh
+
+    def slow_add_mesh(*args, **kwargs):
+        entered.set()
+        assert release.wait(60.0)
+        return add_mesh(*args, **kwargs)
+
+    try:
+        node.world.add_mesh = slow_add_mesh
+        v, t = ref.box((0.2, 0.2, 0.2))
+        add = make_mesh_obstacle("jump_box", v, t, np.array([0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]))
+        add.header.stamp.sec = 1010
+        worker = threading.Thread(target=node._apply_mesh_update, args=(add,))
+        worker.start()
+        assert entered.wait(60.0), "the ADD never started"
+        node._on_time_jump(SimpleNamespace(clock_change=ClockChange.ROS_TIME_NO_CHANGE,
+                                           delta=Duration(nanoseconds=-15 * 10**9)))
+        release.set()
+        worker.join(60.0)
+        assert not worker.is_alive()
+        node.world.add_mesh = add_mesh
+        probe = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])  # the box's centre before / after the MOVE
+        assert float(node.world.signed_distance(probe)[0][0]) == pytest.approx(-0.1, abs=1e-5)
+        move = make_mesh_obstacle("jump_box", None, None, np.array([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]),
+                                  operation=MeshObstacle.MOVE)
+        move.header.stamp.sec = 1001
+        node._apply_mesh_update(move)
+        assert float(node.world.signed_distance(probe)[0][1]) == pytest.approx(-0.1, abs=1e-5)
+    finally:
+        release.set()
+        node.destroy_node()

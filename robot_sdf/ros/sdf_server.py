@@ -270,6 +270,9 @@ class SdfServer(Node):
         self._count_lock = threading.Lock()
         self._stamps: dict[tuple[int, str], tuple[int, int]] = {}
         self._stale_skipped = 0
+        # Counts the clock's jumps back: an update checked before a jump records no stamp after it
+        # (its stamp belongs to the timeline the jump left).
+        self._stamp_epoch = 0
         try:
             self._pose_topics = self._load_scene(cfg.scene_file)
             self._saver = self._restore_state(cfg.state_dir)
@@ -355,6 +358,7 @@ class SdfServer(Node):
         with self._count_lock:
             forgotten = len(self._stamps)
             self._stamps.clear()
+            self._stamp_epoch += 1
         if jump.clock_change in (ClockChange.ROS_TIME_ACTIVATED, ClockChange.ROS_TIME_DEACTIVATED):
             event = "the clock changed its time source (use_sim_time)"
         else:
@@ -810,8 +814,9 @@ class SdfServer(Node):
         what = self._describe(msg)
         stamp = (int(msg.header.stamp.sec), int(msg.header.stamp.nanosec))
         key = (int(msg.env), msg.id)
-        if stamp != (0, 0):
-            with self._count_lock:
+        with self._count_lock:
+            epoch = self._stamp_epoch
+            if stamp != (0, 0):
                 last = self._stamps.get(key)
                 if last is not None and stamp < last:
                     self._stale_skipped += 1
@@ -821,9 +826,12 @@ class SdfServer(Node):
         self._apply_duration.record(time.perf_counter() - started)
         if applied and stamp != (0, 0):
             with self._count_lock:
-                self._stamps[key] = stamp
-                if len(self._stamps) > _MAX_STAMPS:
-                    self._forget_removed_stamps()
+                # Unless the clock jumped back while this update was applied: the next loop's
+                # updates, stamped earlier, must not be skipped as older than it.
+                if epoch == self._stamp_epoch:
+                    self._stamps[key] = stamp
+                    if len(self._stamps) > _MAX_STAMPS:
+                        self._forget_removed_stamps()
         if stamp != (0, 0):
             self._applied_latency.record(time.time() - (stamp[0] + 1e-9 * stamp[1]))
 
