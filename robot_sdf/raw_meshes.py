@@ -146,19 +146,11 @@ def _valid_triangles(points: np.ndarray, indices: np.ndarray) -> bool:
     return 0 <= int(indices.min()) and int(indices.max()) < points.shape[0] and bool(np.isfinite(points).all())
 
 
-def is_closed_shell(points: np.ndarray, indices: np.ndarray) -> bool:
-    """mesh_analysis.classify's ``normal`` verdict (one closed, consistently and outward oriented
-    shell without self-intersections) for a mesh's points (V, 3) and flat indices (3T,); False for
-    anything that is not a valid triangle list."""
-    if not _valid_triangles(points, indices):
-        return False
-    verdict, _ = mesh_analysis.classify(points, indices.reshape(-1, 3))
-    return verdict.method == SignMethod.NORMAL
-
-
 def closed_shell(points: np.ndarray, indices: np.ndarray, device) -> ClosedShell | None:
     """The ClosedShell of a mesh's points (V, 3) float32 and flat indices (3T,) int32 on Warp
-    ``device``, or None when it is no closed shell (is_closed_shell). The twin's BVH is the one
+    ``device``, or None when it is no closed shell: mesh_analysis.classify's ``normal`` verdict
+    (one closed, consistently and outward oriented shell without self-intersections) is needed,
+    and anything that is not a valid triangle list is none. The twin's BVH is the one
     the self-intersection test of the classification needs, so it costs nothing extra."""
     points = np.ascontiguousarray(points, np.float32)
     indices = np.ascontiguousarray(indices, np.int32).reshape(-1)

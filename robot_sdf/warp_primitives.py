@@ -686,12 +686,33 @@ def _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_po
     """(weight, activation_distance, max_distance, mesh_idx, pose_inverse, enable, n_env_mesh,
     sign code, slot signs, slot BVHs) as launch arguments, after the same checks as on every call."""
     if type(sign_method) is WorldSnapshot:
-        # MeshWorld's meshes carry their own sign data: nothing to classify (raw_meshes).
         sign_method, slot_bvh = _slot_bvh_arguments(sign_method, mesh_idx, mesh_pose_inverse, device)
         return _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
                              n_env_mesh, sign_method, device, False)[:-1] + (slot_bvh,)
     return _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
-                         sign_method, device, not stream_capturing(device))
+                         sign_method, device, _classifies(sign_method, device))
+
+
+def _classifies(sign_method, device: torch.device) -> bool:
+    """Whether a call's world tensors are to be searched for closed shells built outside robot_sdf
+    (raw_meshes): not a MeshWorld snapshot's (its meshes carry their own sign data), and not while
+    a CUDA graph is captured (stream_capturing)."""
+    return type(sign_method) is not WorldSnapshot and not stream_capturing(device)
+
+
+def _world_arguments(sign_method, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device: torch.device,
+                     raw: bool) -> tuple:
+    """(the four world descriptors the kernels read, whether the caller's own tensors were
+    converted, sign code, slot signs). With ``raw``, closed shells built outside robot_sdf among
+    the enabled slots are evaluated through their twins (the ids descriptor is then the twins')
+    or flagged (_sign_arguments)."""
+    world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
+    code, slot_signs, twin_ids = _sign_arguments(sign_method, mesh_idx, device,
+                                                 *((mesh_enable, n_env_mesh) if raw else ()))
+    converted = _converted(world, (mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh))
+    if twin_ids is not None:
+        world = (twin_ids,) + world[1:]
+    return world, converted, code, slot_signs
 
 
 def stream_capturing(device: torch.device) -> bool:
@@ -736,12 +757,8 @@ def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inv
             _last_set = ((device, raw), weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
                          n_env_mesh, sign_method, entry)
             return values
-    world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
-    code, slot_signs, twin_ids = (_sign_arguments(sign_method, mesh_idx, device, mesh_enable, n_env_mesh) if raw
-                                  else _sign_arguments(sign_method, mesh_idx, device))
-    converted = _converted(world, (mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh))
-    if twin_ids is not None:
-        world = (twin_ids,) + world[1:]
+    world, converted, code, slot_signs = _world_arguments(sign_method, mesh_idx, mesh_pose_inverse, mesh_enable,
+                                                         n_env_mesh, device, raw)
     values = (_scalar_warp(weight, device), _scalar_warp(activation_distance, device), _scalar_warp(max_dist, device),
               *world, code, slot_signs,
               _slot_bvh_arguments(None, mesh_idx, mesh_pose_inverse, device)[1])  # the loop's placeholder
@@ -754,8 +771,8 @@ def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inv
         tensors += (sign_method,) if per_slot else ()
         # Positions of the tensors whose values the entry depends on.
         content_at = ((3, 7) if per_slot else ()) + ((3, 4, 5, 6) if converted else ())
-        if raw and (per_slot or values[7] == _SIGN_PER_SLOT or SignMethod.parse(sign_method)
-                    in raw_meshes.SHORT_SEARCH_METHODS) and raw_meshes.classifiable(mesh_idx, mesh_enable, n_env_mesh):
+        if raw and (per_slot or SignMethod.parse(sign_method) in raw_meshes.SHORT_SEARCH_METHODS) \
+                and raw_meshes.classifiable(mesh_idx, mesh_enable, n_env_mesh):
             # The codes and the twins' ids name the closed shells among the ids of the enabled
             # slots: a slot given a mesh, or enabled, later may need a twin or a flag.
             content_at += (3, 5, 6)
@@ -935,19 +952,15 @@ def launch_swept_sphere_cost(
     spheres_data = query_spheres.detach().contiguous()
     spheres = _flat(spheres_data, 16)
     env_arr, use_env = _env_query(env_query_idx, b, device)
-    world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
-    # Raw world tensors may hold closed shells built elsewhere (raw_meshes); MeshWorld's may not.
-    slot_state = (mesh_enable, n_env_mesh) if type(sign_method) is not WorldSnapshot \
-        and not stream_capturing(device) else ()
+    raw = _classifies(sign_method, device)
     sign_method, slot_bvh = _slot_bvh_arguments(sign_method, mesh_idx, mesh_pose_inverse, device)
+    world, _, code, slot_signs = _world_arguments(sign_method, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
+                                                  device, raw)
     if out_evaluations is not None and (tuple(out_evaluations.shape) != (b, h, n) or out_evaluations.dtype != torch.int32
                                         or out_evaluations.device != device or not out_evaluations.is_contiguous()):
         raise ValueError(f"out_evaluations must be a contiguous ({b}, {h}, {n}) int32 tensor on {device}")
     partials = SweptPartials(b, h, n, device) if compute_grad else SweptPartials(1, 1, 1, device)
     evaluations = out_evaluations if out_evaluations is not None else _unused_int(device)
-    code, slot_signs, twin_ids = _sign_arguments(sign_method, mesh_idx, device, *slot_state)
-    if twin_ids is not None:
-        world = (twin_ids,) + world[1:]
     inputs = [
         spheres, _scalar_warp(weight, device), _scalar_warp(activation_distance, device),
         _scalar_warp(max_dist, device), _scalar_warp(speed_dt, device), *world, env_arr, use_env,

@@ -85,11 +85,11 @@ def test_closed_shell_verdicts_of_the_corpus():
               "arm_link", "arm_link_fine"}
     for case in mesh_corpus.CORPUS:
         v, t = case.build()
-        got = raw_meshes.is_closed_shell(v.astype(np.float32), t.reshape(-1).astype(np.int32))
+        got = raw_meshes.closed_shell(v.astype(np.float32), t.reshape(-1).astype(np.int32), "cpu") is not None
         assert got == (case.name in closed), case.name
     v, t = ref.box((0.2, 0.2, 0.2))
-    assert not raw_meshes.is_closed_shell(v.astype(np.float32), np.array([0, 1], np.int32))
-    assert not raw_meshes.is_closed_shell(v.astype(np.float32), np.array([0, 1, 99], np.int32))
+    assert raw_meshes.closed_shell(v.astype(np.float32), np.array([0, 1], np.int32), "cpu") is None
+    assert raw_meshes.closed_shell(v.astype(np.float32), np.array([0, 1, 99], np.int32), "cpu") is None
 
 
 def _mixed_world(device):

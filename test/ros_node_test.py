@@ -476,6 +476,29 @@ def test_diagnostics(server):
     assert float(values["request_rate_hz"]) >= 0
 
 
+def _inprocess_node(server, namespace: str):
+    """(an SdfServer in this process on the harness's context, CPU world, no timers; events
+    (entered, release) and the node's original add_mesh): its world's add_mesh is held at entry
+    until ``release`` is set, as a long BVH build would hold it."""
+    import threading
+
+    from robot_sdf.ros.sdf_server import SdfServer
+
+    node = SdfServer(context=server.harness.context, namespace=namespace, parameter_overrides=[
+        rclpy.parameter.Parameter(k, value=v) for k, v in dict(
+            device="cpu", marker_rate_hz=0.0, slice_rate_hz=0.0, diagnostics_rate_hz=0.0).items()])
+    entered, release = threading.Event(), threading.Event()
+    add_mesh = node.world.add_mesh
+
+    def held_add_mesh(*args, **kwargs):
+        entered.set()
+        assert release.wait(120.0)
+        return add_mesh(*args, **kwargs)
+
+    node.world.add_mesh = held_add_mesh
+    return node, entered, release, add_mesh
+
+
 def test_queries_are_not_queued_behind_a_mesh_update(server):
     """A mesh update that takes long (here: held inside MeshWorld.add_mesh, as a big BVH build
     would be) must not delay service requests: the node's callback groups and executor threads
@@ -484,22 +507,8 @@ def test_queries_are_not_queued_behind_a_mesh_update(server):
 
     from rclpy.executors import MultiThreadedExecutor
 
-    from robot_sdf.ros.sdf_server import SdfServer
-
-    ctx = server.harness.context
-    node = SdfServer(context=ctx, namespace="/inproc", parameter_overrides=[
-        rclpy.parameter.Parameter(k, value=v) for k, v in dict(
-            device="cpu", marker_rate_hz=0.0, slice_rate_hz=0.0, diagnostics_rate_hz=0.0).items()])
-    entered, release = threading.Event(), threading.Event()
-    add_mesh = node.world.add_mesh
-
-    def slow_add_mesh(*args, **kwargs):
-        entered.set()
-        assert release.wait(120.0)
-        return add_mesh(*args, **kwargs)
-
-    node.world.add_mesh = slow_add_mesh
-    executor = MultiThreadedExecutor(num_threads=4, context=ctx)
+    node, entered, release, _ = _inprocess_node(server, "/inproc")
+    executor = MultiThreadedExecutor(num_threads=4, context=server.harness.context)
     executor.add_node(node)
     spin = threading.Thread(target=executor.spin, daemon=True)
     spin.start()
@@ -601,21 +610,8 @@ def test_an_update_applied_across_a_clock_jump_back_records_no_stamp(server):
     from rclpy.clock import ClockChange
     from rclpy.duration import Duration
 
-    from robot_sdf.ros.sdf_server import SdfServer
-
-    node = SdfServer(context=server.harness.context, namespace="/jump", parameter_overrides=[
-        rclpy.parameter.Parameter(k, value=v) for k, v in dict(
-            device="cpu", marker_rate_hz=0.0, slice_rate_hz=0.0, diagnostics_rate_hz=0.0).items()])
-    entered, release = threading.Event(), threading.Event()
-    add_mesh = node.world.add_mesh
-
-    def slow_add_mesh(*args, **kwargs):
-        entered.set()
-        assert release.wait(60.0)
-        return add_mesh(*args, **kwargs)
-
+    node, entered, release, add_mesh = _inprocess_node(server, "/jump")
     try:
-        node.world.add_mesh = slow_add_mesh
         v, t = ref.box((0.2, 0.2, 0.2))
         add = make_mesh_obstacle("jump_box", v, t, np.array([0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]))
         add.header.stamp.sec = 1010
