@@ -1,27 +1,41 @@
-"""Meshes built outside robot_sdf (a cuRobo user's ``wp.Mesh`` ids in the world tensors): which
-of them are closed shells, and twins that let the kernels evaluate those as MeshWorld's own.
+"""Meshes built outside robot_sdf (a cuRobo user's ``wp.Mesh`` ids in the world tensors): how
+each is classified, as MeshWorld's ``auto`` classifies the meshes it is given, and twins that let
+the kernels evaluate them as MeshWorld's own.
 
 Why it matters: without robot_sdf's sign data, a mesh's sign is Warp's own query at the closest
 triangle, and on an open surface (a ground plane, a scanned patch) that says "inside" on the
 back side at any distance within the search: such a mesh is searched out to
-max_dist + r + eta, as cuRobo does. A mesh that is one closed, consistently and outward oriented
-shell without self-intersections (mesh_analysis.classify's ``normal`` verdict) has a bounded
-inside, and Baerentzen's pseudo-normal sign is exact for it at any distance. Such a shell gets a
-twin (ClosedShell): a Warp mesh of the same points and triangles, in the same frame and on the
-same device, that carries robot_sdf's sign data with the closed-shell flag. Under ``auto`` and
-``normal`` the call's mesh ids are replaced by the twins' ids (warp_primitives), so these meshes
-take every fast path of MeshWorld's classified shells: the plain cost searched within r + eta
-first, the swept cost's one traversal for a step's samples, and the exact sign at edges and
-corners (Warp's normal sign is not exact there: on a capsule's axis it calls deep centres
-outside). Under ``winding_number`` the raw mesh is kept and only flagged (CLOSED_SHELL in its
-slot's sign code): searched within r + eta first, its own winding number decides.
+max_dist + r + eta, as cuRobo does. Each mesh content is analysed once (Twin): its patches are
+oriented consistently, closed ones outward (mesh_analysis.orient_components, as MeshWorld does),
+then
+- one closed shell without self-intersections (mesh_analysis.classify's ``normal`` verdict) has a
+  bounded inside, and Baerentzen's pseudo-normal sign is exact for it at any distance. Its twin
+  is a Warp mesh of the same points (same frame, same device) and the oriented triangles that
+  carries robot_sdf's sign data with the closed-shell flag. Under ``auto`` and ``normal`` the
+  call's mesh ids are replaced by the twins' ids (warp_primitives), so these meshes take every
+  fast path of MeshWorld's classified shells: the plain cost searched within r + eta first, the
+  swept cost's one traversal for a step's samples, and the exact sign at edges and corners
+  (Warp's normal sign is not exact there: on a capsule's axis it calls deep centres outside).
+  Under ``winding_number`` the raw mesh is kept and only flagged (CLOSED_SHELL in its slot's
+  sign code): searched within r + eta first, its own winding number decides.
+- any other closed surface (several, nested, touching or overlapping shells; self-intersecting
+  ones: every edge used as often in each direction) is what MeshWorld's ``auto`` makes a
+  winding-number mesh. Under ``auto`` it is evaluated through a winding-number twin (winding
+  support, sign data): searched within r + eta first, its winding number decides, 0 outside its
+  box. It was searched to the full bound before, with Warp's normal sign (wrong inside an
+  inside-out or overlapping body).
+- a surface that is not closed keeps its raw mesh and Warp's sign under every method: MeshWorld
+  gives it the winding number, which is fractional near such a surface and costs several times
+  Warp's own query to evaluate there (Twin's docstring), so raw open meshes keep cuRobo's speed
+  and their back sides read inside within the search (the one place where raw tensors under
+  ``auto`` and MeshWorld's ``auto`` differ).
 
 What is read, and when: the ids of the enabled slots below each environment's count, on the
 host (a device synchronisation on CUDA), whenever the mesh_idx, mesh_enable or n_env_mesh tensor
 of a call is new or was written in place (torch's version counters; a caller writing the same
 tensors call after call pays nothing more). Each new id's points and indices are copied out
-through the id (mesh_analysis.read_meshes) and digested; the shell (or the verdict that it is
-none) is kept per (digest, device), so an id that Warp reuses for another mesh after a free is
+through the id (mesh_analysis.read_meshes) and digested; the analysis (and twin) is kept per
+(digest, device), so an id that Warp reuses for another mesh after a free is
 judged by its new content, and per (mesh_idx tensor, id) until that tensor is written.
 Classification and twin cost about what MeshWorld's ``auto`` costs when adding the mesh (the
 twin's BVH is the one the self-intersection test builds), once per geometry; the twin's memory
@@ -62,41 +76,102 @@ CLOSED_SHELL = 16
 # Switch for side-by-side checks (tests, benchmarks): False searches every mesh built elsewhere
 # to the full bound with Warp's own sign.
 ENABLED = True
-# Sign methods whose short search a closed shell allows (mesh_signed_distance's raw_closed).
+# Sign methods under which the meshes of raw world tensors are classified: a twin, or the
+# closed shells' short search (mesh_signed_distance's raw_closed), serves each of them.
 SHORT_SEARCH_METHODS = (SignMethod.AUTO, SignMethod.NORMAL, SignMethod.WINDING_NUMBER)
 # Sign methods under which a closed shell is evaluated through its twin (pseudo-normal sign).
-TWIN_METHODS = (SignMethod.AUTO, SignMethod.NORMAL)
+SHELL_TWIN_METHODS = (SignMethod.AUTO, SignMethod.NORMAL)
+# Sign methods under which any other closed surface is evaluated through its winding-number twin.
+WINDING_TWIN_METHODS = (SignMethod.AUTO,)
 _VERDICT_CACHE_SIZE = 4096
 # Twins kept for content not in use by any kept world tensor (bytes on their devices).
 TWIN_CACHE_BYTES = 1 << 30
-_verdicts: OrderedDict[tuple, ClosedShell | None] = OrderedDict()
-_twin_bytes = 0
-# Per mesh_idx tensor (by id): (weak reference, (address, version) when made, shells by mesh id).
+_verdicts: OrderedDict[tuple, Twin | None] = OrderedDict()
+# Per mesh_idx tensor (by id): (weak reference, (address, version) when made, twins by mesh id).
 _TENSOR_MEMO_SIZE = 64
 _by_tensor: OrderedDict[int, tuple] = OrderedDict()
 _verdicts_lock = threading.Lock()
 
 
-class ClosedShell:
-    """A closed shell built outside robot_sdf and its twin: a Warp mesh of the same points and
-    triangles, in the same frame, on the same device, that carries robot_sdf's sign data (the
-    pseudo-normals of mesh_analysis and the closed-shell flag), so that the kernels treat it as
-    one of MeshWorld's classified shells (short search, shared swept traversal, exact sign at
-    edges and corners). ``nbytes``: device memory of the twin's arrays and BVH (estimate)."""
+class Twin:
+    """What robot_sdf knows of one mesh content built elsewhere, on one device, and its twin: a
+    Warp mesh of the same points in the same frame, with the triangles of each patch oriented
+    consistently (closed patches outward, mesh_analysis.orient_components, as MeshWorld stores
+    them), carrying robot_sdf's sign data for the method ``auto`` chooses.
 
-    def __init__(self, mesh: wp.Mesh, arrays: tuple) -> None:
-        self.mesh = mesh
-        self.twin_id = int(np.uint64(mesh.id).astype(np.int64))
+    ``closed_shell``: the oriented mesh is one closed shell without self-intersections
+    (classify's ``normal`` verdict); its twin, built with the classification (whose
+    self-intersection test needs that BVH), has pseudo-normals and the closed-shell flag.
+    ``winding``: any other closed surface (every edge used as often in each direction: several,
+    nested, touching or overlapping shells, self-intersecting ones), whose winding number is an
+    integer and 0 outside its box; it gets a winding-number twin at its first use under
+    ``auto`` (``twin_id``). A surface that is not closed (a scan, a sheet, a cup) has neither:
+    its winding number is fractional out to sqrt(area / 2 pi) from it, and evaluating it near
+    the surface costs several times Warp's own signed query (2.5-3.7 x on a 60k-triangle table
+    scan, docs/benchmarks.md), so it keeps the raw mesh and Warp's sign. ``nbytes``: device
+    memory of the twin's arrays and BVH (estimate), or the host copies kept to build it."""
+
+    def __init__(self, points: np.ndarray, triangles: np.ndarray, welded: np.ndarray, device) -> None:
+        self.device = device
+        self.mesh: wp.Mesh | None = None
+        self._arrays: tuple = ()
+        self._source: tuple | None = None
+        self._build_lock = threading.Lock()
+        arrays: list = []
+
+        def shell() -> wp.Mesh:
+            # Only for meshes that passed the topology checks (closed, consistently oriented
+            # outward, one shell): their pseudo-normals are the exact sign if no self-intersection
+            # turns up, and the flag is only kept then.
+            data = mesh_analysis.sign_data(points, triangles, False, SignMethod.NORMAL, welded=welded)
+            data[-1, 1] = 1.0  # closed shell (mesh_analysis module docstring, row V + 3T + 4)
+            arrays[:] = self._device_arrays(points, triangles, data)
+            return wp.Mesh(points=arrays[0], indices=arrays[1], velocities=arrays[2])
+
+        verdict, mesh = mesh_analysis.classify(points, triangles, welded, shell)
+        self.closed_shell = verdict.method == SignMethod.NORMAL and mesh is not None
+        self.winding = not self.closed_shell and mesh_analysis.sign_topology(triangles, welded).balanced
+        self.nbytes = 0
+        if self.closed_shell:
+            self._keep(mesh, tuple(arrays))
+        elif self.winding:
+            self._source = (points, triangles, welded)
+            self.nbytes = points.nbytes + triangles.nbytes + welded.nbytes
+
+    def _device_arrays(self, points: np.ndarray, triangles: np.ndarray, data: np.ndarray) -> tuple:
+        return (wp.array(points, dtype=wp.vec3, device=self.device),
+                wp.array(triangles.reshape(-1), dtype=wp.int32, device=self.device),
+                wp.array(data, dtype=wp.vec3, device=self.device))
+
+    def _keep(self, mesh: wp.Mesh, arrays: tuple) -> None:
         self._arrays = arrays  # points, indices, sign data: the mesh reads them
+        self.mesh = mesh
         n_points, n_indices = arrays[0].shape[0], arrays[1].shape[0]
         # Points and sign data (12 B per row), indices, and about two BVH nodes of 32 B per triangle.
         self.nbytes = 12 * (n_points + arrays[2].shape[0]) + 4 * n_indices + 64 * (n_indices // 3)
+
+    @property
+    def twin_id(self) -> int:
+        """The twin's Warp mesh id (as an int64, the world tensors' type) of a closed shell or a
+        ``winding`` surface (which gets its winding-number twin here, once)."""
+        if not (self.closed_shell or self.winding):
+            raise ValueError("a surface that is not closed has no twin")
+        if self.mesh is None:
+            with self._build_lock:
+                if self.mesh is None:
+                    points, triangles, welded = self._source
+                    data = mesh_analysis.sign_data(points, triangles, True, SignMethod.WINDING_NUMBER, welded=welded)
+                    arrays = self._device_arrays(points, triangles, data)
+                    self._keep(wp.Mesh(points=arrays[0], indices=arrays[1], velocities=arrays[2],
+                                       support_winding_number=True), arrays)
+                    self._source = None
+        return int(np.uint64(self.mesh.id).astype(np.int64))
 
     def __del__(self) -> None:
         # On CUDA a kernel queued before the last reference went (on any stream) may still read
         # the twin: its mesh and arrays wait in _retired for a device synchronisation.
         try:
-            if _defer_free(self.mesh.device):
+            if self.mesh is not None and _defer_free(self.mesh.device):
                 _retired.append((self.mesh.device, self.mesh, self._arrays))  # atomic under the GIL
         except (AttributeError, TypeError):  # interpreter shutdown
             pass
@@ -115,7 +190,7 @@ def _defer_free(device) -> bool:
 def release_retired() -> int:
     """Free the twins dropped since the last call, after synchronising their devices (every
     stream: whatever was queued when they were dropped has then run); returns how many. Called
-    where the host waits for the device anyway (closed_shell_slots reads the world's ids);
+    where the host waits for the device anyway (twin_slots reads the world's ids);
     never during a CUDA graph capture, which could not synchronise."""
     if not _retired:
         return 0
@@ -146,54 +221,37 @@ def _valid_triangles(points: np.ndarray, indices: np.ndarray) -> bool:
     return 0 <= int(indices.min()) and int(indices.max()) < points.shape[0] and bool(np.isfinite(points).all())
 
 
-def closed_shell(points: np.ndarray, indices: np.ndarray, device) -> ClosedShell | None:
-    """The ClosedShell of a mesh's points (V, 3) float32 and flat indices (3T,) int32 on Warp
-    ``device``, or None when it is no closed shell: mesh_analysis.classify's ``normal`` verdict
-    (one closed, consistently and outward oriented shell without self-intersections) is needed,
-    and anything that is not a valid triangle list is none. The twin's BVH is the one
-    the self-intersection test of the classification needs, so it costs nothing extra."""
+def analyse(points: np.ndarray, indices: np.ndarray, device) -> Twin | None:
+    """The Twin of a mesh's points (V, 3) float32 and flat indices (3T,) int32 on Warp
+    ``device``, or None for anything that is not a valid triangle list (it keeps Warp's sign and
+    the full search). Patches are oriented first, as MeshWorld orients the meshes it is given, so
+    a mesh evaluates the same through its twin as through a MeshWorld under the same method."""
     points = np.ascontiguousarray(points, np.float32)
     indices = np.ascontiguousarray(indices, np.int32).reshape(-1)
     if not _valid_triangles(points, indices):
         return None
-    triangles = indices.reshape(-1, 3)
     welded = mesh_analysis.weld(points)
-    arrays: list = []
-
-    def twin() -> wp.Mesh:
-        # Only for meshes that passed the topology checks (closed, consistently oriented
-        # outward, one shell): their pseudo-normals are the exact sign if no self-intersection
-        # turns up, and the flag is only kept then.
-        data = mesh_analysis.sign_data(points, triangles, False, SignMethod.NORMAL, welded=welded)
-        data[-1, 1] = 1.0  # closed shell (mesh_analysis module docstring, row V + 3T + 4)
-        arrays.extend((wp.array(points, dtype=wp.vec3, device=device),
-                       wp.array(indices, dtype=wp.int32, device=device),
-                       wp.array(data, dtype=wp.vec3, device=device)))
-        return wp.Mesh(points=arrays[0], indices=arrays[1], velocities=arrays[2])
-
-    verdict, mesh = mesh_analysis.classify(points, triangles, welded, twin)
-    if verdict.method != SignMethod.NORMAL or mesh is None:
-        return None
-    return ClosedShell(mesh, tuple(arrays))
+    triangles, _ = mesh_analysis.orient_components(points, indices.reshape(-1, 3), welded)
+    return Twin(points, np.ascontiguousarray(triangles, np.int32), welded, device)
 
 
-def _shell(content: tuple[np.ndarray, np.ndarray], device) -> ClosedShell | None:
-    global _twin_bytes
+def _analysis(content: tuple[np.ndarray, np.ndarray], device) -> Twin | None:
     key = (content_digest(*content), str(device))
     with _verdicts_lock:
         if key in _verdicts:
             _verdicts.move_to_end(key)
             return _verdicts[key]
-    shell = closed_shell(*content, device)
+    twin = analyse(*content, device)
     with _verdicts_lock:
         if key in _verdicts:  # another thread was quicker: keep one twin
             return _verdicts[key]
-        _verdicts[key] = shell
-        _twin_bytes += shell.nbytes if shell is not None else 0
-        while len(_verdicts) > _VERDICT_CACHE_SIZE or (_twin_bytes > TWIN_CACHE_BYTES and len(_verdicts) > 1):
+        _verdicts[key] = twin
+        # Sizes now (a winding twin built since its entry was made has grown).
+        total = sum(t.nbytes for t in _verdicts.values() if t is not None)
+        while len(_verdicts) > _VERDICT_CACHE_SIZE or (total > TWIN_CACHE_BYTES and len(_verdicts) > 1):
             _, dropped = _verdicts.popitem(last=False)
-            _twin_bytes -= dropped.nbytes if dropped is not None else 0
-    return shell
+            total -= dropped.nbytes if dropped is not None else 0
+    return twin
 
 
 def classifiable(mesh_idx: torch.Tensor, mesh_enable: torch.Tensor, n_env_mesh: torch.Tensor) -> bool:
@@ -201,45 +259,45 @@ def classifiable(mesh_idx: torch.Tensor, mesh_enable: torch.Tensor, n_env_mesh: 
     return ENABLED and not (mesh_idx.is_inference() or mesh_enable.is_inference() or n_env_mesh.is_inference())
 
 
-def _known_shells(mesh_idx: torch.Tensor) -> dict[int, ClosedShell | None]:
-    """Shells (None: not one) by mesh id for this mesh_idx tensor, kept while it is the same
-    object at the same address and version (a write starts a new dict)."""
+def _known_twins(mesh_idx: torch.Tensor) -> dict[int, Twin | None]:
+    """Twins (None: none) by mesh id for this mesh_idx tensor, kept while it is the same object
+    at the same address and version (a write starts a new dict)."""
     state = (mesh_idx.data_ptr(), mesh_idx._version)
     with _verdicts_lock:
         for key in [k for k, e in _by_tensor.items() if e[0]() is None]:
-            del _by_tensor[key]  # a collected tensor's shells need not stay alive
+            del _by_tensor[key]  # a collected tensor's twins need not stay alive
         entry = _by_tensor.get(id(mesh_idx))
         if entry is not None and entry[0]() is mesh_idx and entry[1] == state:
             _by_tensor.move_to_end(id(mesh_idx))
             return entry[2]
-        known: dict[int, ClosedShell | None] = {}
+        known: dict[int, Twin | None] = {}
         _by_tensor[id(mesh_idx)] = (weakref.ref(mesh_idx), state, known)
         while len(_by_tensor) > _TENSOR_MEMO_SIZE:
             _by_tensor.popitem(last=False)
         return known
 
 
-def closed_shell_slots(mesh_idx: torch.Tensor, mesh_enable: torch.Tensor, n_env_mesh: torch.Tensor,
-                       warp_device) -> tuple[np.ndarray, list]:
-    """((E, M) object array: the ClosedShell of each enabled slot below its environment's count
-    whose mesh was built outside robot_sdf and is a closed shell, None elsewhere; the distinct
-    shells). Ids met before in this mesh_idx tensor, unchanged since, are not read again."""
+def twin_slots(mesh_idx: torch.Tensor, mesh_enable: torch.Tensor, n_env_mesh: torch.Tensor,
+               warp_device) -> np.ndarray:
+    """(E, M) object array: the Twin of each enabled slot below its environment's count whose
+    mesh was built outside robot_sdf (and is a valid triangle list), None elsewhere. Ids met
+    before in this mesh_idx tensor, unchanged since, are not read again."""
     release_retired()
-    known = _known_shells(mesh_idx)
+    known = _known_twins(mesh_idx)
     ids = mesh_idx.detach().cpu().numpy().astype(np.int64)
     enabled = mesh_enable.detach().cpu().numpy() != 0
     counts = n_env_mesh.detach().reshape(-1).cpu().numpy().astype(np.int64)
     used = enabled & (np.arange(ids.shape[1])[None, :] < counts[:, None]) & (ids != 0)
-    shells = np.full(ids.shape, None, dtype=object)
+    twins = np.full(ids.shape, None, dtype=object)
     if not used.any():
-        return shells, []
+        return twins
     new = [i for i in np.unique(ids[used]).tolist() if i not in known]
     if new:
         contents = mesh_analysis.read_meshes(np.array(new, np.int64).astype(np.uint64), warp_device)
         for mesh_id, content in zip(new, contents):
-            known[mesh_id] = None if content is None else _shell(content, warp_device)
+            known[mesh_id] = None if content is None else _analysis(content, warp_device)
     found = [known[i] for i in ids[used].tolist()]
     column = np.empty(len(found), dtype=object)
     column[:] = found
-    shells[used] = column
-    return shells, list({id(s): s for s in found if s is not None}.values())
+    twins[used] = column
+    return twins

@@ -485,12 +485,12 @@ def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device, m
     """(scalar code, (n_env, m) uint8 Warp array, mesh ids Warp array or None) for the kernels'
     sign arguments.
 
-    Given mesh_enable and n_env_mesh as well, closed shells built outside robot_sdf
-    (raw_meshes) are looked for among the enabled slots: under auto or normal, the third value is
-    mesh_idx with their ids replaced by their twins' (robot_sdf's sign data: evaluated like
-    MeshWorld's classified shells); under winding_number their slots get raw_meshes.CLOSED_SHELL
-    added to their code (then always a per-slot array), so that the kernels search them within
-    r + eta first."""
+    Given mesh_enable and n_env_mesh as well, meshes built outside robot_sdf (raw_meshes) among
+    the enabled slots are classified: the third value is then mesh_idx with ids replaced by
+    twins' (robot_sdf's sign data: evaluated like MeshWorld's meshes; closed shells under auto
+    or normal, other closed surfaces under auto), and closed shells not twinned (winding_number)
+    get raw_meshes.CLOSED_SHELL added to their code (then always a per-slot array), so that the
+    kernels search them within r + eta first (_slot_codes)."""
     classify = mesh_enable is not None and n_env_mesh is not None \
         and raw_meshes.classifiable(mesh_idx, mesh_enable, n_env_mesh)
     if isinstance(sign_method, torch.Tensor):
@@ -531,38 +531,44 @@ def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device, m
     return int(method), _cached(("no_sign", id(unused)), (unused,), lambda: _as_warp(unused)), ids
 
 
-_TWIN_CODES = tuple(int(m) for m in raw_meshes.TWIN_METHODS)
+_SHELL_TWIN_CODES = tuple(int(m) for m in raw_meshes.SHELL_TWIN_METHODS)
+_WINDING_TWIN_CODES = tuple(int(m) for m in raw_meshes.WINDING_TWIN_METHODS)
 
 
 def _slot_codes(signs, mesh_idx: torch.Tensor, mesh_enable: torch.Tensor, n_env_mesh: torch.Tensor,
                 device: torch.device) -> tuple:
-    """(descriptor of the per-slot sign codes, descriptor of the mesh ids or None) for the closed
-    shells built outside robot_sdf (raw_meshes) among the enabled slots: under auto or normal a
-    shell's id is replaced by its twin's, under winding_number its code gets
-    raw_meshes.CLOSED_SHELL. ``signs``: a per-slot uint8 tensor, or one method for every slot;
-    the codes are None for one method when no slot needs a flag (the scalar code serves)."""
-    shells, kept = raw_meshes.closed_shell_slots(mesh_idx, mesh_enable, n_env_mesh, warp_device(device))
-    closed = shells != None  # noqa: E711 (element-wise over an object array)
+    """(descriptor of the per-slot sign codes, descriptor of the mesh ids or None) for the meshes
+    built outside robot_sdf (raw_meshes) among the enabled slots: a closed shell's id is replaced
+    by its twin's under auto or normal, any other closed surface's by its winding-number twin's
+    under auto (an open surface keeps its raw mesh);
+    a closed shell's code gets raw_meshes.CLOSED_SHELL otherwise (winding_number: the raw mesh
+    searched within r + eta first). ``signs``: a per-slot uint8 tensor, or one method for every
+    slot; the codes are None for one method when no slot needs a flag (the scalar code serves)."""
+    twins = raw_meshes.twin_slots(mesh_idx, mesh_enable, n_env_mesh, warp_device(device))
+    found = twins != None  # noqa: E711 (element-wise over an object array)
+    closed, winding = np.zeros(found.shape, bool), np.zeros(found.shape, bool)
+    closed[found] = [t.closed_shell for t in twins[found]]
+    winding[found] = [t.winding for t in twins[found]]
     if isinstance(signs, torch.Tensor):
         checked = _checked_slot_signs(signs, mesh_idx)
-        if not closed.any():
-            return checked, None
         host = signs.detach().cpu().numpy()
     else:
-        if not closed.any():
-            return None, None
         if signs == _WINDING:
             _check_call_wide_winding(mesh_idx)
-        host = np.full(closed.shape, signs, np.uint8)
-    twinned = closed & np.isin(host, _TWIN_CODES)
-    flagged = closed & ~twinned
+        checked = None
+        host = np.full(found.shape, signs, np.uint8)
+    twinned = (closed & np.isin(host, _SHELL_TWIN_CODES)) | (winding & np.isin(host, _WINDING_TWIN_CODES))
+    flagged = closed & ~twinned & (host == _WINDING)
+    if not (twinned.any() or flagged.any()):
+        return checked, None
     ids = None
     with _internals.plain_tensors():
         if twinned.any():
             host_ids = mesh_idx.detach().cpu().numpy().astype(np.int64)
-            host_ids[twinned] = [s.twin_id for s in shells[twinned]]
+            used = twins[twinned]
+            host_ids[twinned] = [t.twin_id for t in used]
             ids = _owning(torch.from_numpy(host_ids).to(device))
-            ids.shells = kept  # the twins live while a launch may use their ids
+            ids.twins = list({id(t): t for t in used}.values())  # alive while a launch may use their ids
         if isinstance(signs, torch.Tensor) or flagged.any():
             codes = _owning(torch.from_numpy(host + flagged.astype(np.uint8) * raw_meshes.CLOSED_SHELL).to(device))
         else:
@@ -694,8 +700,8 @@ def _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_po
 
 
 def _classifies(sign_method, device: torch.device) -> bool:
-    """Whether a call's world tensors are to be searched for closed shells built outside robot_sdf
-    (raw_meshes): not a MeshWorld snapshot's (its meshes carry their own sign data), and not while
+    """Whether the meshes of a call's world tensors are to be classified as meshes built outside
+    robot_sdf (raw_meshes): not a MeshWorld snapshot's (its meshes carry their own sign data), and not while
     a CUDA graph is captured (stream_capturing)."""
     return type(sign_method) is not WorldSnapshot and not stream_capturing(device)
 
@@ -703,9 +709,9 @@ def _classifies(sign_method, device: torch.device) -> bool:
 def _world_arguments(sign_method, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device: torch.device,
                      raw: bool) -> tuple:
     """(the four world descriptors the kernels read, whether the caller's own tensors were
-    converted, sign code, slot signs). With ``raw``, closed shells built outside robot_sdf among
-    the enabled slots are evaluated through their twins (the ids descriptor is then the twins')
-    or flagged (_sign_arguments)."""
+    converted, sign code, slot signs). With ``raw``, meshes built outside robot_sdf among the
+    enabled slots are evaluated through their twins (the ids descriptor is then the twins') or
+    flagged (_sign_arguments)."""
     world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
     code, slot_signs, twin_ids = _sign_arguments(sign_method, mesh_idx, device,
                                                  *((mesh_enable, n_env_mesh) if raw else ()))
@@ -773,8 +779,8 @@ def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inv
         content_at = ((3, 7) if per_slot else ()) + ((3, 4, 5, 6) if converted else ())
         if raw and (per_slot or SignMethod.parse(sign_method) in raw_meshes.SHORT_SEARCH_METHODS) \
                 and raw_meshes.classifiable(mesh_idx, mesh_enable, n_env_mesh):
-            # The codes and the twins' ids name the closed shells among the ids of the enabled
-            # slots: a slot given a mesh, or enabled, later may need a twin or a flag.
+            # The codes and the twins' ids follow the meshes of the enabled slots: a slot given
+            # a mesh, or enabled, later may need a twin or a flag.
             content_at += (3, 5, 6)
         check = _validator(tensors, bool(content_at))
         if check is not None:

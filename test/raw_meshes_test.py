@@ -1,8 +1,9 @@
-"""Meshes built outside robot_sdf (robot_sdf.raw_meshes): closed shells are classified once per
-content and evaluated through a twin carrying robot_sdf's sign data (auto, normal) or searched
-within r + eta first (winding_number); everything else keeps the full search. Judged against the
-numpy reference, against the full search of the same tensors (raw_meshes.ENABLED off), and on
-what is read and built when."""
+"""Meshes built outside robot_sdf (robot_sdf.raw_meshes): each mesh is classified once per content,
+as MeshWorld's auto classifies (patches oriented first); closed shells are evaluated through a
+twin carrying robot_sdf's sign data (auto, normal) or searched within r + eta first
+(winding_number), any other mesh through a winding-number twin under auto; the rest keeps the
+full search. Judged against the numpy reference, against the full search of the same tensors
+(raw_meshes.ENABLED off), against MeshWorld, and on what is read and built when."""
 from __future__ import annotations
 
 import numpy as np
@@ -77,23 +78,29 @@ def full_search(monkeypatch):
     return Switch()
 
 
+_CLOSED_AFTER_ORIENTING = {
+    "thin_ridge", "concave_vertex", "sliver_box", "degenerate_triangles", "icosphere_soup", "capsule", "arm_link",
+    "arm_link_fine", "flipped_faces", "inside_out_box", "inside_out_icosphere", "inside_out_capsule",
+    "inside_out_arm_link", "arm_link_flipped_5", "arm_link_flipped_10", "arm_link_flipped_30", "capsule_flipped_10",
+    "mirrored_arm_link"}
+
+
 def test_closed_shell_verdicts_of_the_corpus():
-    """One closed, consistently and outward oriented shell without self-intersections, and
-    nothing else: open, inverted, partly flipped, nested, overlapping, self-intersecting and
-    duplicated-face meshes are not closed shells."""
-    closed = {"thin_ridge", "concave_vertex", "sliver_box", "degenerate_triangles", "icosphere_soup", "capsule",
-              "arm_link", "arm_link_fine"}
+    """One closed shell without self-intersections once its patches are oriented (inverted and
+    partly flipped shells are), and nothing else: open, nested, touching, overlapping,
+    self-intersecting and duplicated-face meshes are not; invalid triangle lists get no twin."""
     for case in mesh_corpus.CORPUS:
         v, t = case.build()
-        got = raw_meshes.closed_shell(v.astype(np.float32), t.reshape(-1).astype(np.int32), "cpu") is not None
-        assert got == (case.name in closed), case.name
+        twin = raw_meshes.analyse(v.astype(np.float32), t.reshape(-1).astype(np.int32), "cpu")
+        assert twin.closed_shell == (case.name in _CLOSED_AFTER_ORIENTING), case.name
     v, t = ref.box((0.2, 0.2, 0.2))
-    assert raw_meshes.closed_shell(v.astype(np.float32), np.array([0, 1], np.int32), "cpu") is None
-    assert raw_meshes.closed_shell(v.astype(np.float32), np.array([0, 1, 99], np.int32), "cpu") is None
+    assert raw_meshes.analyse(v.astype(np.float32), np.array([0, 1], np.int32), "cpu") is None
+    assert raw_meshes.analyse(v.astype(np.float32), np.array([0, 1, 99], np.int32), "cpu") is None
 
 
 def _mixed_world(device):
-    """A closed capsule, a closed arm link, an open sheet (normal +z) and an inverted box, raw."""
+    """A closed capsule, a closed arm link, an open sheet (normal +z), an inverted box and two
+    overlapping boxes in one mesh, raw."""
     rng = np.random.default_rng(3)
     cap_v, cap_t = mesh_corpus.capsule()
     arm_v, arm_t = mesh_corpus.arm_link()
@@ -102,7 +109,8 @@ def _mixed_world(device):
     meshes = [ref.RefMesh(cap_v, cap_t, np.concatenate([[0.0, 0.5, 0.0], ref.random_quaternion(rng)])),
               ref.RefMesh(arm_v, arm_t, np.concatenate([[0.6, 0.0, 0.1], ref.random_quaternion(rng)])),
               ref.RefMesh(sheet_v, sheet_t, np.array([0.0, -1.2, 0.0, 1.0, 0.0, 0.0, 0.0])),
-              ref.RefMesh(box_v, box_t, np.concatenate([[-0.9, 0.0, 0.0], ref.random_quaternion(rng)]))]
+              ref.RefMesh(box_v, box_t, np.concatenate([[-0.9, 0.0, 0.0], ref.random_quaternion(rng)])),
+              ref.RefMesh(*mesh_corpus.overlapping_boxes(), np.concatenate([[0.0, 1.3, 0.4], ref.random_quaternion(rng)]))]
     return meshes, build_warp_env([meshes], device)
 
 
@@ -111,22 +119,41 @@ def _carries_sign_data(mesh_id: int, device: str) -> bool:
                                      warp_device(torch.device(device)))[0] is None
 
 
-def test_only_closed_shells_get_twins(device):
-    """The closed shells of a world, and only those, get a twin: a mesh of the same points and
-    triangles with robot_sdf's sign data, on the same device; disabled slots are not read."""
+def _volume(vertices: np.ndarray, triangles: np.ndarray) -> float:
+    a, b, c = (vertices[triangles[:, k]].astype(np.float64) for k in range(3))
+    return float(np.einsum("ij,ij->i", a, np.cross(b, c)).sum() / 6.0)
+
+
+def test_closed_surfaces_get_twins(device):
+    """Each enabled slot's closed surface gets a twin on the same device, of the same points,
+    carrying robot_sdf's sign data: the closed capsule and arm link as they are, the inverted box
+    with its triangles turned outward (the same rows, reversed), the two overlapping boxes a
+    winding-number twin built at its first use only; the open sheet none; disabled slots are not
+    read."""
     meshes, env = _mixed_world(device)
     wdev = warp_device(torch.device(device))
-    shells, kept = raw_meshes.closed_shell_slots(env.mesh_idx, env.mesh_enable, env.n_env_mesh, wdev)
-    assert (shells != None).tolist() == [[True, True, False, False]] and len(kept) == 2  # noqa: E711
-    for slot, m in enumerate(meshes[:2]):
-        twin = shells[0, slot]
+    twins = raw_meshes.twin_slots(env.mesh_idx, env.mesh_enable, env.n_env_mesh, wdev)
+    assert [(t.closed_shell, t.winding) for t in twins[0]] == [(True, False), (True, False), (False, False),
+                                                               (True, False), (False, True)]
+    with pytest.raises(ValueError, match="not closed"):
+        twins[0, 2].twin_id
+    assert twins[0, 4].mesh is None  # built when first used under auto
+    for slot, m in enumerate(meshes):
+        if slot == 2:
+            continue
+        twin = twins[0, slot]
         assert twin.twin_id != int(env.mesh_idx[0, slot]) and _carries_sign_data(twin.twin_id, device)
-        assert str(twin.mesh.points.device) == str(wdev)
+        assert str(twin.mesh.points.device) == str(wdev) and twin.mesh.support_winding_number == (slot == 4)
         np.testing.assert_array_equal(twin.mesh.points.numpy(), m.vertices.astype(np.float32))
-        np.testing.assert_array_equal(twin.mesh.indices.numpy(), m.triangles.reshape(-1))
+        triangles = twin.mesh.indices.numpy().reshape(-1, 3)
+        if slot == 3:
+            np.testing.assert_array_equal(triangles, m.triangles[:, ::-1])
+            assert _volume(m.vertices, m.triangles) < 0 < _volume(m.vertices, triangles)
+        else:
+            np.testing.assert_array_equal(triangles, m.triangles)
     env.mesh_enable[0, 1] = 0
-    shells, kept = raw_meshes.closed_shell_slots(env.mesh_idx, env.mesh_enable, env.n_env_mesh, wdev)
-    assert (shells != None).tolist() == [[True, False, False, False]] and len(kept) == 1  # noqa: E711
+    twins = raw_meshes.twin_slots(env.mesh_idx, env.mesh_enable, env.n_env_mesh, wdev)
+    assert (twins != None).tolist() == [[True, False, True, True, True]]  # noqa: E711
 
 
 def _shell_spheres(closed: list) -> tuple[np.ndarray, np.ndarray]:
@@ -199,6 +226,80 @@ def test_closed_shells_give_the_reference(device, full_search):
         np.testing.assert_allclose(esdf.reshape(-1)[mask], esdf_f.reshape(-1)[mask], atol=1e-6, err_msg=sign)
 
 
+def _auto_world(device):
+    """Closed surfaces that are no single closed shell as given: two overlapping boxes in one mesh,
+    nested boxes, two touching boxes, an inside-out box; then two open surfaces: a cup and a sheet
+    (normal +z); raw, posed 0.9 m apart. Returns (the meshes, the closed ones as auto evaluates
+    them: the inside-out box turned outward, the world)."""
+    rng = np.random.default_rng(12)
+    given = [mesh_corpus.overlapping_boxes(), mesh_corpus.nested_shells(), mesh_corpus.touching_boxes(),
+             mesh_corpus.inside_out(ref.box((0.25, 0.15, 0.1))), mesh_corpus.open_cup(), ref.sheet(0.5, 4)]
+    places = ([0.0, 0.0, 0.0], [0.9, 0.0, 0.0], [0.0, 0.9, 0.0], [0.9, 0.9, 0.0], [1.8, 0.0, 0.0], [1.8, 0.9, 0.0])
+    meshes = [ref.RefMesh(v, t, np.concatenate([p, ref.random_quaternion(rng)])) for (v, t), p in zip(given, places)]
+    oriented = meshes[:3] + [ref.RefMesh(meshes[3].vertices, meshes[3].triangles[:, ::-1], meshes[3].pose)]
+    return meshes, oriented, build_warp_env([meshes], device)
+
+
+def _spheres_around(meshes: list, count: int, seed: int) -> np.ndarray:
+    """Spheres in each mesh's box grown by 20 % and by 80 %: (1, 1, N, 4)."""
+    rng = np.random.default_rng(seed)
+    pts = []
+    for i, m in enumerate(meshes):
+        local = mesh_corpus.sample_points(m.vertices, count, seed=seed + i)
+        middle = 0.5 * (m.vertices.min(0) + m.vertices.max(0))
+        pts.append(ref.transform_points(m.pose, np.concatenate([local, middle + 1.5 * (local - middle)])))
+    pts = np.concatenate(pts)
+    return np.concatenate([pts, rng.uniform(0.005, 0.03, (len(pts), 1))], 1).reshape(1, 1, -1, 4)
+
+
+def test_auto_evaluates_closed_surfaces_as_meshworld_does(device, full_search):
+    """Under auto a closed surface that is no single closed shell is a winding-number mesh, as
+    MeshWorld's auto makes it, through its twin: overlapping, nested and touching bodies and an
+    inside-out box (turned outward; the full search's normal sign calls its inside outside) give
+    the reference's costs, gradients, esdf and swept costs, and MeshWorld's values for the same
+    meshes and poses. Open surfaces keep their raw meshes: the full search's values, bit for bit
+    (their back sides inside within the search, as Warp's normal sign says)."""
+    from robot_sdf import MeshWorld
+
+    meshes, oriented, env = _auto_world(device)
+    world = _world(env)
+    spheres = _spheres_around(meshes[:4], 150, 20)
+    pts = spheres[..., :3].reshape(-1, 3)
+    sd = np.stack([m.signed_distance_world(pts)[0] for m in oriented]).min(0)
+    keep = np.abs(sd) > 2e-3  # off the surface: float32 may round either way there
+    spheres = spheres[:, :, keep]
+    pts, sd = pts[keep], sd[keep]
+    mask = ref.world_gradient_ambiguity(pts, oriented, 2e-6) <= 1e-4
+    c_ref, g_ref = ref.sphere_cost(spheres, [oriented], ETA, 1.0, MAX_DIST)
+    e_ref, _ = ref.sphere_cost(spheres, [oriented], ETA, 1.0, MAX_DIST, compute_esdf=True)
+    assert np.sum(sd < -0.02) >= 50 and np.sum(mask & (c_ref.reshape(-1) > 0)) >= 300
+    cost, grad, _ = _plain(spheres, world, device)
+    esdf, _, _ = _plain(spheres, world, device, esdf=True)
+    np.testing.assert_allclose(cost.reshape(-1), c_ref.reshape(-1), atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(grad[..., :3].reshape(-1, 3)[mask], g_ref.reshape(-1, 3)[mask], atol=3e-4)
+    np.testing.assert_allclose(esdf.reshape(-1), e_ref.reshape(-1), atol=1e-4)
+    traj = spheres.reshape(1, -1, 1, 4)[:, :600]
+    s_ref, _ = ref.swept_sphere_cost(traj, [oriented], ETA, 1.0, MAX_DIST, 4)
+    swept, _ = _swept(traj, world, device)
+    np.testing.assert_allclose(swept.reshape(-1), s_ref.reshape(-1), atol=2e-4, rtol=1e-4)
+    open_spheres = _spheres_around(meshes[4:], 150, 30)
+    open_cost, open_grad, _ = _plain(open_spheres, world, device)
+    with full_search:
+        esdf_f, _, _ = _plain(spheres, world, device, esdf=True)
+        open_cost_f, open_grad_f, _ = _plain(open_spheres, world, device)
+    assert np.sum(np.abs(esdf_f - esdf) > 1e-3) >= 20  # the full search is wrong in the inside-out box
+    np.testing.assert_array_equal(open_cost, open_cost_f)
+    np.testing.assert_array_equal(open_grad, open_grad_f)
+    assert np.sum(open_cost > 0) >= 100
+    mw = MeshWorld(device=device, max_distance=MAX_DIST)
+    for i, m in enumerate(meshes):
+        mw.add_mesh(f"m{i}", m.vertices, m.triangles, pose=m.pose)
+    with mw.reading() as snap:
+        mw_esdf, _, _ = _plain(spheres, (snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh),
+                               device, snap, esdf=True)
+    np.testing.assert_allclose(esdf, mw_esdf, atol=2e-5)
+
+
 def test_dropped_twins_wait_for_release(device, monkeypatch):
     """The CUDA rule (followed on the CPU here): a twin whose last reference goes is not freed
     until release_retired (a device synchronisation); its mesh stays readable until then."""
@@ -207,20 +308,24 @@ def test_dropped_twins_wait_for_release(device, monkeypatch):
     monkeypatch.setattr(raw_meshes, "DEFER_FREE_ON_CPU", True)
     box_v, box_t = ref.box((0.3, 0.2, 0.1))
     wdev = warp_device(torch.device(device))
-    shell = raw_meshes.closed_shell(box_v.astype(np.float32), box_t.reshape(-1).astype(np.int32), wdev)
-    twin_id = shell.twin_id
+    two_v, two_t = mesh_corpus.overlapping_boxes()
+    shell = raw_meshes.analyse(box_v.astype(np.float32), box_t.reshape(-1).astype(np.int32), wdev)
+    two = raw_meshes.analyse(two_v.astype(np.float32), two_t.reshape(-1).astype(np.int32), wdev)
+    unused = raw_meshes.analyse(two_v.astype(np.float32) * 2, two_t.reshape(-1).astype(np.int32), wdev)
+    twin_ids = {shell.twin_id, two.twin_id}
     raw_meshes.release_retired()
-    del shell
+    del shell, two, unused  # the unused one never built a twin: nothing to retire
     gc.collect()
-    # The wp.Mesh object itself is held (Warp frees it only when that object goes).
-    assert len(raw_meshes._retired) == 1 and raw_meshes._retired[0][1].id == twin_id
-    assert raw_meshes.release_retired() == 1 and not raw_meshes._retired
+    # The wp.Mesh objects themselves are held (Warp frees one only when that object goes).
+    assert len(raw_meshes._retired) == 2 and {entry[1].id for entry in raw_meshes._retired} == twin_ids
+    assert raw_meshes.release_retired() == 2 and not raw_meshes._retired
 
 
 def test_per_slot_methods_choose_twin_or_raw_per_slot(device):
     """A per-slot sign tensor: the capsule under auto goes through its twin (exact on its axis),
     the arm link under winding_number keeps its raw mesh (its own winding number), the open
-    sheet and the inverted box keep Warp's default sign; each slot's costs are the reference's."""
+    sheet (normal) and the inverted box (default) keep Warp's signs, the overlapping boxes under
+    auto go through their winding-number twin; each slot's costs are the reference's."""
     from robot_sdf.types import SignMethod
 
     meshes, env = _mixed_world(device)
@@ -228,8 +333,8 @@ def test_per_slot_methods_choose_twin_or_raw_per_slot(device):
     spheres, _ = _shell_spheres(closed)
     pts = spheres[..., :3].reshape(-1, 3)
     c_ref, g_ref = ref.sphere_cost(spheres, [closed], ETA, 1.0, MAX_DIST)
-    codes = torch.tensor([[SignMethod.AUTO, SignMethod.WINDING_NUMBER, SignMethod.NORMAL, SignMethod.DEFAULT]],
-                         dtype=torch.uint8, device=device)
+    codes = torch.tensor([[SignMethod.AUTO, SignMethod.WINDING_NUMBER, SignMethod.NORMAL, SignMethod.DEFAULT,
+                           SignMethod.AUTO]], dtype=torch.uint8, device=device)
     cost, grad, _ = _plain(spheres, _world(env), device, codes)
     mask = ref.world_gradient_ambiguity(pts, closed, 2e-6) <= 1e-4
     capsule_axis = ~mask & (closed[0].signed_distance_world(pts)[0] < closed[1].signed_distance_world(pts)[0])
@@ -238,16 +343,18 @@ def test_per_slot_methods_choose_twin_or_raw_per_slot(device):
     np.testing.assert_allclose(cost.reshape(-1)[checked], c_ref.reshape(-1)[checked], atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(grad[..., :3].reshape(-1, 3)[mask], g_ref.reshape(-1, 3)[mask], atol=3e-4)
     wdev = warp_device(torch.device(device))
-    shells, _ = raw_meshes.closed_shell_slots(env.mesh_idx, env.mesh_enable, env.n_env_mesh, wdev)
+    twins = raw_meshes.twin_slots(env.mesh_idx, env.mesh_enable, env.n_env_mesh, wdev)
     from robot_sdf.warp_primitives import _slot_codes
 
     slot_codes, ids = _slot_codes(codes, env.mesh_idx, env.mesh_enable, env.n_env_mesh, torch.device(device))
     substituted = ids.owner.cpu().numpy()[0]
-    assert substituted[0] == shells[0, 0].twin_id
-    assert substituted[1:].tolist() == env.mesh_idx.cpu().numpy()[0, 1:].tolist()  # winding_number: raw
+    assert substituted[0] == twins[0, 0].twin_id and substituted[4] == twins[0, 4].twin_id
+    # winding_number, normal on an open sheet, default: raw
+    assert substituted[1:4].tolist() == env.mesh_idx.cpu().numpy()[0, 1:4].tolist()
     assert slot_codes.owner.cpu().numpy()[0].tolist() == [int(SignMethod.AUTO),
                                                           int(SignMethod.WINDING_NUMBER) + raw_meshes.CLOSED_SHELL,
-                                                          int(SignMethod.NORMAL), int(SignMethod.DEFAULT)]
+                                                          int(SignMethod.NORMAL), int(SignMethod.DEFAULT),
+                                                          int(SignMethod.AUTO)]
 
 
 def test_concurrent_first_calls_build_one_twin(device):
@@ -278,8 +385,7 @@ def test_concurrent_first_calls_build_one_twin(device):
     for r in results[1:]:
         np.testing.assert_array_equal(r, results[0])
     wdev = warp_device(torch.device(device))
-    twins = {raw_meshes.closed_shell_slots(e.mesh_idx, e.mesh_enable, e.n_env_mesh, wdev)[0][0, 0].twin_id
-             for e in envs}
+    twins = {raw_meshes.twin_slots(e.mesh_idx, e.mesh_enable, e.n_env_mesh, wdev)[0, 0].twin_id for e in envs}
     assert len(twins) == 1
 
 
@@ -301,9 +407,9 @@ def test_twins_live_while_kept_arguments_use_them(device, monkeypatch):
     assert np.sum(first > 0) >= 5
     dev = torch.device(device)
     args = wpr._constant_arguments(*_scalars(device), *_world(env), "auto", dev)
-    shells, ids_at = [weakref.ref(s) for s in args[3].shells], args[3].data
+    shells, ids_at = [weakref.ref(s) for s in args[3].twins], args[3].data
     del args  # (before any assert: pytest's rewritten asserts keep what they inspect)
-    assert len(shells) == 2 and ids_at != env.mesh_idx.data_ptr()  # the twins' ids
+    assert len(shells) == 4 and ids_at != env.mesh_idx.data_ptr()  # the twins' ids
     for _ in range(3):
         gc.collect()
         assert all(s() is not None for s in shells)
@@ -389,26 +495,26 @@ def test_verdicts_follow_writes_to_the_world_tensors(device, monkeypatch):
     meshes = [ref.RefMesh(box_v, box_t)]
     env = build_warp_env([meshes], device)
     reads, classified = [], []
-    read, classify = mesh_analysis.read_meshes, raw_meshes.closed_shell
+    read, classify = mesh_analysis.read_meshes, raw_meshes.analyse
     monkeypatch.setattr(mesh_analysis, "read_meshes", lambda ids, dev: reads.append(len(ids)) or read(ids, dev))
-    monkeypatch.setattr(raw_meshes, "closed_shell", lambda *a: classified.append(1) or classify(*a))
+    monkeypatch.setattr(raw_meshes, "analyse", lambda *a: classified.append(1) or classify(*a))
     # 5 cm below the box's bottom face (z = -0.1), r = 1 cm: outside, no cost; on the back side
-    # of a sheet in that face's plane, within the search: inside.
+    # of a sheet in that face's plane, within the search: inside under normal (Warp's sign).
     spheres = np.array([[[[0.0, 0.0, -0.15, 0.01]]]])
     world = _world(env)
     for _ in range(3):
-        cost, _, _ = _plain(spheres, world, device)
+        cost, _, _ = _plain(spheres, world, device, "normal")
         assert cost.item() == 0.0
     assert reads == [1]
     sheet = warp_mesh(sheet_v, sheet_t, device)
     env.mesh_idx[0, 0] = int(np.uint64(sheet.id).astype(np.int64))  # in place: a version bump
-    cost, _, _ = _plain(spheres, world, device)
+    cost, _, _ = _plain(spheres, world, device, "normal")
     expected, _ = ref.cost_of_penetration(0.01 + ETA + 0.05, ETA)
     np.testing.assert_allclose(cost.item(), expected, atol=1e-5)
     assert reads == [1, 1]
     count = len(classified)
     again = build_warp_env([meshes], device)  # the same box content under a fresh tensor
-    _plain(spheres, _world(again), device)
+    _plain(spheres, _world(again), device, "normal")
     assert reads == [1, 1, 1] and len(classified) == count
 
 
