@@ -610,6 +610,45 @@ def raw_mesh_table(b: Bench) -> None:
     emit(f"'{unclassified}': the same tensors with robot_sdf.raw_meshes switched off (every mesh built "
          "elsewhere searched to max_dist + r + eta, the path before closed shells were classified).")
     _classification_cost(b, meshes)
+    _other_surfaces_table(b)
+
+
+def _other_surfaces_table(b: Bench) -> None:
+    """Raw meshes that are no single closed shell: closed surfaces of several shells (winding-number
+    twins under auto) and an open table scan (kept raw), against the full search of the same
+    tensors and MeshWorld's auto on the same meshes; fwd+bwd on one thread."""
+    scenes_ = {"two-part links": scenes.two_part_meshes(), "table scan": [scenes.perception_mesh()]}
+    section(f"Raw meshes that are no single closed shell on {b.device}: twins, full search, MeshWorld auto")
+    emit("two-part links: the 8 robot-like links with a 0.3-scale copy of each in the same mesh (closed, two "
+         "shells; auto: winding number); table scan: scenes.perception_mesh, an open height field of 59,202 "
+         "triangles (raw: kept, Warp's sign; MeshWorld auto: winding number). Spheres and trajectories as above.")
+    full = "raw wp.Mesh, pad 0, not classified"
+    rows = []
+    for scene, meshes in scenes_.items():
+        worlds = {"raw wp.Mesh, pad 0": TensorWorld(meshes, b.device, 0.0), full: TensorWorld(meshes, b.device, 0.0),
+                  "MeshWorld auto": build_world(meshes, b.device, SignMethod.AUTO)}
+        sizes = {"1k": (1, 20, 50), "100k": (4, 30, 52) if b.quick else (64, 30, 52)}
+        for label, (bt, h, n) in sizes.items():
+            plain_spheres = scenes.near_surface_spheres(meshes, bt * h * n)
+            traj = scenes.trajectories(meshes, bt, h, n)
+            cases: dict[str, Callable[[], object]] = {}
+            for name, world in worlds.items():
+                cases[f"plain, {name}"] = CostRunner(world, plain_spheres).forward_backward
+                cases[f"swept, {name}"] = CostRunner(world, traj).swept_forward_backward
+                if name == full:
+                    for key in [k for k in cases if k.endswith(name)]:
+                        cases[key] = (lambda f=cases[key]: _full_search(f))
+            if b.device == "cpu":
+                cases = {k: (lambda f=f: _one_thread(f)) for k, f in cases.items()}
+            res = b.timed(cases, reps=3 if b.quick else 7)
+            for kind in ("plain", "swept"):
+                base = res[f"{kind}, {full}"].median
+                for name in worlds:
+                    st = res[f"{kind}, {name}"]
+                    rows.append([scene, label, kind, name, st.ms(), f"{1e9 * st.median / (bt * h * n):,.0f}",
+                                 f"{st.median / base:.2f}"])
+    emit(table(["scene", "spheres", "cost", "world tensors", "median ms (p25-p75)", "ns / sphere", "/ full search"],
+               rows))
 
 
 def _full_search(fn: Callable[[], object]) -> None:

@@ -236,6 +236,19 @@ def robot_like_meshes(seed: int = STANDARD_SEED + 5) -> list[SceneMesh]:
     return meshes
 
 
+def two_part_meshes(seed: int = STANDARD_SEED + 5) -> list[SceneMesh]:
+    """robot_like_meshes with a second, smaller copy of each link in the same mesh beside it (a
+    link exported with a part bolted on, as one file): closed surfaces of two shells, which
+    ``auto`` evaluates by winding number."""
+    out = []
+    for m in robot_like_meshes(seed):
+        extent = m.vertices.max(0) - m.vertices.min(0)
+        part = m.vertices * np.float32(0.3) + (extent * np.array([0.0, 0.0, 0.6])).astype(np.float32)
+        out.append(SceneMesh(m.name, np.concatenate([m.vertices, part]).astype(np.float32),
+                             np.concatenate([m.triangles, m.triangles + len(m.vertices)]), m.pose))
+    return out
+
+
 # --------------------------------------------------------------------------------------- spheres
 def surface_samples(meshes: list[SceneMesh], count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Area-uniform points on the union of the meshes' surfaces and their outward unit normals,

@@ -231,7 +231,12 @@ def analyse(points: np.ndarray, indices: np.ndarray, device) -> Twin | None:
     if not _valid_triangles(points, indices):
         return None
     welded = mesh_analysis.weld(points)
-    triangles, _ = mesh_analysis.orient_components(points, indices.reshape(-1, 3), welded)
+    given = Twin(points, indices.reshape(-1, 3), welded, device)
+    if given.closed_shell:
+        return given  # one closed shell facing outward: orienting would reverse nothing
+    triangles, repair = mesh_analysis.orient_components(points, indices.reshape(-1, 3), welded)
+    if not repair.faces_reversed:
+        return given
     return Twin(points, np.ascontiguousarray(triangles, np.int32), welded, device)
 
 
