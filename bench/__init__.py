@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -62,8 +63,13 @@ def fmt_rate(per_s: float) -> str:
 
 def measure(cases: dict[str, Callable[[], object]], reps: int, warmup: int = 1,
             sync: Callable[[], None] | None = None, budget_s: float | None = None,
-            min_reps: int = 3) -> dict[str, Stats]:
+            min_reps: int = 3, shuffle: bool = False) -> dict[str, Stats]:
     """Time each callable ``reps`` times, interleaved round-robin after ``warmup`` calls each.
+
+    shuffle: a new (seeded) order every round instead of a rotation of one cyclic order, in which
+    each case always follows the same case: where cases share memory (the twins shared by raw
+    tensors of the same content) the one that follows its sharer finds it in the caches, which
+    moved a 3 ms ratio by 10-35 % (docs/benchmarks.md).
 
     sync: called after each call before the clock stops (e.g. torch.cuda.synchronize).
     budget_s: when given, the number of rounds is cut so that the whole measurement takes about
@@ -84,9 +90,10 @@ def measure(cases: dict[str, Callable[[], object]], reps: int, warmup: int = 1,
     if budget_s is not None and per_round > 0:
         reps = max(min_reps, min(reps, int(budget_s / per_round)))
     samples: dict[str, list[float]] = {n: [] for n in names}
+    rng = random.Random(20241124)
     for r in range(reps):
-        for k in range(len(names)):
-            name = names[(r + k) % len(names)]
+        order = rng.sample(names, len(names)) if shuffle else [names[(r + k) % len(names)] for k in range(len(names))]
+        for name in order:
             t0 = time.perf_counter()
             cases[name]()
             if sync is not None:

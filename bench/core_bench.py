@@ -287,9 +287,10 @@ class Bench:
         self.meshes = scenes.standard_meshes()
 
     def timed(self, cases: dict[str, Callable[[], object]], reps: int | None = None,
-              budget_s: float | None = None) -> dict[str, Stats]:
+              budget_s: float | None = None, shuffle: bool = False) -> dict[str, Stats]:
         return measure(cases, reps or self.reps, warmup=1, sync=self.sync,
-                       budget_s=self.budget_s if budget_s is None else budget_s, min_reps=2 if self.quick else 5)
+                       budget_s=self.budget_s if budget_s is None else budget_s, min_reps=2 if self.quick else 5,
+                       shuffle=shuffle)
 
 
 def _row(name: str, stats: Stats, count: int, note: str = "") -> list[str]:
@@ -596,7 +597,7 @@ def raw_mesh_table(b: Bench) -> None:
                     cases[key] = (lambda f=cases[key]: _full_search(f))
         if b.device == "cpu":
             cases = {k: (lambda f=f: _one_thread(f)) for k, f in cases.items()}
-        res = b.timed(cases, reps=3 if b.quick else 7)
+        res = b.timed(cases, reps=3 if b.quick else 11, shuffle=True)
         for kind in ("plain", "swept"):
             base = res[f"{kind}, raw wp.Mesh, radius filled"].median
             for name in worlds:
@@ -640,7 +641,7 @@ def _other_surfaces_table(b: Bench) -> None:
                         cases[key] = (lambda f=cases[key]: _full_search(f))
             if b.device == "cpu":
                 cases = {k: (lambda f=f: _one_thread(f)) for k, f in cases.items()}
-            res = b.timed(cases, reps=3 if b.quick else 7)
+            res = b.timed(cases, reps=3 if b.quick else 11, shuffle=True)
             for kind in ("plain", "swept"):
                 base = res[f"{kind}, {full}"].median
                 for name in worlds:
