@@ -107,7 +107,7 @@ class Twin:
     integer and 0 outside its box; it gets a winding-number twin at its first use under
     ``auto`` (``twin_id``). A surface that is not closed (a scan, a sheet, a cup) has neither:
     its winding number is fractional out to sqrt(area / 2 pi) from it, and evaluating it near
-    the surface costs several times Warp's own signed query (2.5-3.7 x on a 60k-triangle table
+    the surface costs several times Warp's own signed query (2.4-4.6 x on a 60k-triangle table
     scan, docs/benchmarks.md), so it keeps the raw mesh and Warp's sign. ``nbytes``: device
     memory of the twin's arrays and BVH (estimate), or the host copies kept to build it."""
 
