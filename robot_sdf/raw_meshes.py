@@ -162,8 +162,13 @@ class Twin:
                     points, triangles, welded = self._source
                     data = mesh_analysis.sign_data(points, triangles, True, SignMethod.WINDING_NUMBER, welded=welded)
                     arrays = self._device_arrays(points, triangles, data)
-                    self._keep(wp.Mesh(points=arrays[0], indices=arrays[1], velocities=arrays[2],
-                                       support_winding_number=True), arrays)
+                    mesh = wp.Mesh(points=arrays[0], indices=arrays[1], velocities=arrays[2],
+                                   support_winding_number=True)
+                    if not self.device.is_cpu:
+                        # The BVH is built on Warp's stream, the kernels run on torch's: wait
+                        # (the shells' BVH is waited for by the self-intersection count).
+                        wp.synchronize_device(self.device)
+                    self._keep(mesh, arrays)
                     self._source = None
         return int(np.uint64(self.mesh.id).astype(np.int64))
 

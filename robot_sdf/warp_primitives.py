@@ -540,9 +540,8 @@ def _slot_codes(signs, mesh_idx: torch.Tensor, mesh_enable: torch.Tensor, n_env_
     """(descriptor of the per-slot sign codes, descriptor of the mesh ids or None) for the meshes
     built outside robot_sdf (raw_meshes) among the enabled slots: a closed shell's id is replaced
     by its twin's under auto or normal, any other closed surface's by its winding-number twin's
-    under auto (an open surface keeps its raw mesh);
-    a closed shell's code gets raw_meshes.CLOSED_SHELL otherwise (winding_number: the raw mesh
-    searched within r + eta first). ``signs``: a per-slot uint8 tensor, or one method for every
+    under auto (an open surface keeps its raw mesh); under winding_number a closed shell's code
+    gets raw_meshes.CLOSED_SHELL (the raw mesh searched within r + eta first). ``signs``: a per-slot uint8 tensor, or one method for every
     slot; the codes are None for one method when no slot needs a flag (the scalar code serves)."""
     twins = raw_meshes.twin_slots(mesh_idx, mesh_enable, n_env_mesh, warp_device(device))
     found = twins != None  # noqa: E711 (element-wise over an object array)
@@ -701,8 +700,8 @@ def _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_po
 
 def _classifies(sign_method, device: torch.device) -> bool:
     """Whether the meshes of a call's world tensors are to be classified as meshes built outside
-    robot_sdf (raw_meshes): not a MeshWorld snapshot's (its meshes carry their own sign data), and not while
-    a CUDA graph is captured (stream_capturing)."""
+    robot_sdf (raw_meshes): not a MeshWorld snapshot's (its meshes carry their own sign data),
+    and not while a CUDA graph is captured (stream_capturing)."""
     return type(sign_method) is not WorldSnapshot and not stream_capturing(device)
 
 
