@@ -586,18 +586,7 @@ def raw_mesh_table(b: Bench) -> None:
     for label, (bt, h, n) in sizes.items():
         plain_spheres = scenes.near_surface_spheres(meshes, bt * h * n)
         traj = scenes.trajectories(meshes, bt, h, n)
-        cases: dict[str, Callable[[], object]] = {}
-        for name, world in worlds.items():
-            plain, swept = CostRunner(world, plain_spheres), CostRunner(world, traj)
-            cases[f"plain, {name}"] = plain.forward_backward
-            cases[f"swept, {name}"] = swept.swept_forward_backward
-            cases[f"plain on the swept spheres, {name}"] = swept.forward_backward
-            if name == unclassified:
-                for key in [k for k in cases if k.endswith(name)]:
-                    cases[key] = (lambda f=cases[key]: _full_search(f))
-        if b.device == "cpu":
-            cases = {k: (lambda f=f: _one_thread(f)) for k, f in cases.items()}
-        res = b.timed(cases, reps=3 if b.quick else 11, shuffle=True)
+        res = _time_worlds(b, worlds, plain_spheres, traj, unclassified, plain_on_swept=True)
         for kind in ("plain", "swept"):
             base = res[f"{kind}, raw wp.Mesh, radius filled"].median
             for name in worlds:
@@ -632,16 +621,7 @@ def _other_surfaces_table(b: Bench) -> None:
         for label, (bt, h, n) in sizes.items():
             plain_spheres = scenes.near_surface_spheres(meshes, bt * h * n)
             traj = scenes.trajectories(meshes, bt, h, n)
-            cases: dict[str, Callable[[], object]] = {}
-            for name, world in worlds.items():
-                cases[f"plain, {name}"] = CostRunner(world, plain_spheres).forward_backward
-                cases[f"swept, {name}"] = CostRunner(world, traj).swept_forward_backward
-                if name == full:
-                    for key in [k for k in cases if k.endswith(name)]:
-                        cases[key] = (lambda f=cases[key]: _full_search(f))
-            if b.device == "cpu":
-                cases = {k: (lambda f=f: _one_thread(f)) for k, f in cases.items()}
-            res = b.timed(cases, reps=3 if b.quick else 11, shuffle=True)
+            res = _time_worlds(b, worlds, plain_spheres, traj, full)
             for kind in ("plain", "swept"):
                 base = res[f"{kind}, {full}"].median
                 for name in worlds:
@@ -650,6 +630,26 @@ def _other_surfaces_table(b: Bench) -> None:
                                  f"{st.median / base:.2f}"])
     emit(table(["scene", "spheres", "cost", "world tensors", "median ms (p25-p75)", "ns / sphere", "/ full search"],
                rows))
+
+
+def _time_worlds(b: Bench, worlds: dict, plain_spheres: np.ndarray, traj: np.ndarray, full_search: str,
+                 plain_on_swept: bool = False) -> dict[str, Stats]:
+    """Plain and swept fwd+bwd ("plain, NAME", "swept, NAME"; with ``plain_on_swept`` also "plain on
+    the swept spheres, NAME") for each named world, the world named ``full_search`` with
+    raw_meshes switched off, one thread on the CPU, in a new order every round (the raw worlds
+    share twins: bench.measure's shuffle)."""
+    cases: dict[str, Callable[[], object]] = {}
+    for name, world in worlds.items():
+        plain, swept = CostRunner(world, plain_spheres), CostRunner(world, traj)
+        runs = {f"plain, {name}": plain.forward_backward, f"swept, {name}": swept.swept_forward_backward}
+        if plain_on_swept:
+            runs[f"plain on the swept spheres, {name}"] = swept.forward_backward
+        if name == full_search:
+            runs = {k: (lambda f=f: _full_search(f)) for k, f in runs.items()}
+        cases.update(runs)
+    if b.device == "cpu":
+        cases = {k: (lambda f=f: _one_thread(f)) for k, f in cases.items()}
+    return b.timed(cases, reps=3 if b.quick else 11, shuffle=True)
 
 
 def _full_search(fn: Callable[[], object]) -> None:
