@@ -130,13 +130,15 @@ class Twin:
 
         verdict, mesh = mesh_analysis.classify(points, triangles, welded, shell)
         self.closed_shell = verdict.method == SignMethod.NORMAL and mesh is not None
-        self.winding = not self.closed_shell and mesh_analysis.sign_topology(triangles, welded).balanced
+        topology = None if self.closed_shell else mesh_analysis.sign_topology(triangles, welded)
+        self.winding = topology is not None and topology.balanced
         self.nbytes = 0
         if self.closed_shell:
             self._keep(mesh, tuple(arrays))
         elif self.winding:
-            self._source = (points, triangles, welded)
-            self.nbytes = points.nbytes + triangles.nbytes + welded.nbytes
+            self._source = (points, triangles, topology)  # the twin's sign data reuses the topology
+            self.nbytes = points.nbytes + sum(a.nbytes for a in (topology.triangles, topology.welded,
+                                                                 topology.welded_corner, topology.edge_of_corner))
 
     def _device_arrays(self, points: np.ndarray, triangles: np.ndarray, data: np.ndarray) -> tuple:
         return (wp.array(points, dtype=wp.vec3, device=self.device),
@@ -159,8 +161,9 @@ class Twin:
         if self.mesh is None:
             with self._build_lock:
                 if self.mesh is None:
-                    points, triangles, welded = self._source
-                    data = mesh_analysis.sign_data(points, triangles, True, SignMethod.WINDING_NUMBER, welded=welded)
+                    points, triangles, topology = self._source
+                    data = mesh_analysis.sign_data(points, triangles, True, SignMethod.WINDING_NUMBER,
+                                                   topology=topology)
                     arrays = self._device_arrays(points, triangles, data)
                     mesh = wp.Mesh(points=arrays[0], indices=arrays[1], velocities=arrays[2],
                                    support_winding_number=True)
