@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 import threading
 import time
+from typing import Callable
 
 _libc = None
 try:
@@ -65,16 +66,23 @@ def _page_size() -> int:
 
 
 class TrimScheduler:
-    """Coalesced, delayed heap trims on a daemon thread."""
+    """Coalesced, delayed heap trims on a daemon thread.
 
-    def __init__(self, delay_s: float = 0.2, min_interval_s: float = 1.0) -> None:
+    ``mark`` (optional) is read just before each trim and kept as ``last_mark``: with the world
+    revision as the mark, ``last_mark >= r`` says a trim ran after revision r was applied, so
+    whatever revision r released was given back by then (an event a watcher can wait for)."""
+
+    def __init__(self, delay_s: float = 0.2, min_interval_s: float = 1.0,
+                 mark: Callable[[], int] | None = None) -> None:
         self._delay = delay_s
         self._interval = min_interval_s
+        self._mark = mark
         self._cond = threading.Condition()
         self._due: float | None = None
         self._last = -float("inf")
         self._closed = False
         self.trims = 0
+        self.last_mark: int | None = None
         self._thread = threading.Thread(target=self._run, name="heap_trim", daemon=True)
         self._thread.start()
 
@@ -93,10 +101,12 @@ class TrimScheduler:
                 if self._closed:
                     return
                 self._due = None
+            mark = self._mark() if self._mark is not None else None
             trim_heap()
             with self._cond:
                 self._last = time.monotonic()
                 self.trims += 1
+                self.last_mark = mark
 
     def close(self) -> None:
         with self._cond:

@@ -285,7 +285,7 @@ class SdfServer(Node):
 
         self._stats = RequestStats()
         self._health = HealthMonitor(cfg.diagnostics_window_s, cfg.slow_request_ms / 1e3)
-        self._trim = TrimScheduler()
+        self._trim = TrimScheduler(mark=lambda: self.world.revision)
         self._rejected = 0
         self._reject_log: dict[tuple[str, str], tuple[float, int]] = {}
         self._request_lock = threading.Lock()
@@ -1061,7 +1061,9 @@ class SdfServer(Node):
                 "update_apply_p50_ms": f"{1e3 * a50:.3f}", "update_apply_p99_ms": f"{1e3 * a99:.3f}",
                 "update_apply_max_ms": f"{1e3 * a_worst:.3f}", "updates_stale_skipped": str(self._stale_skipped),
                 "updates_held": str(self._held_count()),
-                "state_saves": str(self._saver.saves if self._saver is not None else 0)}
+                "state_saves": str(self._saver.saves if self._saver is not None else 0),
+                "heap_trims": str(self._trim.trims),
+                "heap_trim_revision": str(-1 if self._trim.last_mark is None else self._trim.last_mark)}
 
     def last_request(self) -> tuple[int, tuple[np.ndarray, np.ndarray] | None]:
         """(sequence number, (spheres (k,4), cost (k,)) of batch row 0 of the last cost request)."""
