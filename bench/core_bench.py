@@ -604,19 +604,27 @@ def raw_mesh_table(b: Bench) -> None:
 
 
 def _other_surfaces_table(b: Bench) -> None:
-    """Raw meshes that are no single closed shell: closed surfaces of several shells (winding-number
-    twins under auto) and an open table scan (kept raw), against the full search of the same
-    tensors and MeshWorld's auto on the same meshes; fwd+bwd on one thread."""
-    scenes_ = {"two-part links": scenes.two_part_meshes(), "table scan": [scenes.perception_mesh()]}
+    """Raw meshes that are no single closed shell: two-shell solids (pseudo-normal twins), closed
+    surfaces of overlapping shells (winding-number twins under auto) and an open table scan (kept
+    raw), against the full search of the same tensors and MeshWorld's auto on the same meshes
+    (and, for the solids, MeshWorld's winding-number path that auto took for them before);
+    fwd+bwd on one thread."""
+    scenes_ = {"two-body links": scenes.two_body_meshes(), "two-part links": scenes.two_part_meshes(),
+               "table scan": [scenes.perception_mesh()]}
     section(f"Raw meshes that are no single closed shell on {b.device}: twins, full search, MeshWorld auto")
-    emit("two-part links: the 8 robot-like links with a 0.3-scale copy of each in the same mesh (closed, two "
-         "shells; auto: winding number); table scan: scenes.perception_mesh, an open height field of 59,202 "
-         "triangles (raw: kept, Warp's sign; MeshWorld auto: winding number). Spheres and trajectories as above.")
+    emit("two-body links: the 8 robot-like links with a 0.3-scale copy of each in the same mesh, 2 cm clear of it "
+         "(two shells bounding one solid: pseudo-normal sign; MeshWorld auto: winding_number, flagged solid); "
+         "two-part links: the same with the copy overlapping the link (closed, self-intersecting; auto: winding "
+         "number); table scan: scenes.perception_mesh, an open height field of 59,202 triangles (raw: kept, Warp's "
+         "sign; MeshWorld auto: winding number). Spheres and trajectories as above.")
     full = "raw wp.Mesh, pad 0, not classified"
     rows = []
     for scene, meshes in scenes_.items():
         worlds = {"raw wp.Mesh, pad 0": TensorWorld(meshes, b.device, 0.0), full: TensorWorld(meshes, b.device, 0.0),
                   "MeshWorld auto": build_world(meshes, b.device, SignMethod.AUTO)}
+        if scene == "two-body links":
+            worlds["MeshWorld winding_number (auto's path before)"] = build_world(meshes, b.device,
+                                                                                SignMethod.WINDING_NUMBER)
         sizes = {"1k": (1, 20, 50), "100k": (4, 30, 52) if b.quick else (64, 30, 52)}
         for label, (bt, h, n) in sizes.items():
             plain_spheres = scenes.near_surface_spheres(meshes, bt * h * n)

@@ -249,6 +249,20 @@ def two_part_meshes(seed: int = STANDARD_SEED + 5) -> list[SceneMesh]:
     return out
 
 
+def two_body_meshes(seed: int = STANDARD_SEED + 5) -> list[SceneMesh]:
+    """robot_like_meshes with a second, 0.3-scale copy of each link in the same mesh, 2 cm clear of
+    it (a link exported together with a separate part, as one file): two closed shells bounding
+    one solid, which ``auto`` calls winding_number and the kernels evaluate by pseudo-normals."""
+    out = []
+    for m in robot_like_meshes(seed):
+        lo, hi = m.vertices.min(0), m.vertices.max(0)
+        part = m.vertices * np.float32(0.3)
+        part = part + np.array([0.0, 0.0, hi[2] + 0.02 - part[:, 2].min()], np.float32)
+        out.append(SceneMesh(m.name, np.concatenate([m.vertices, part]).astype(np.float32),
+                             np.concatenate([m.triangles, m.triangles + len(m.vertices)]), m.pose))
+    return out
+
+
 # --------------------------------------------------------------------------------------- spheres
 def surface_samples(meshes: list[SceneMesh], count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Area-uniform points on the union of the meshes' surfaces and their outward unit normals,

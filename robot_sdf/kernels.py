@@ -40,8 +40,9 @@ SIGN_PARITY = wp.constant(3)
 SIGN_AUTO = wp.constant(4)
 SIGN_PER_SLOT = wp.constant(-1)
 # Added to a slot's sign code (robot_sdf.raw_meshes.CLOSED_SHELL): the slot's mesh, built outside
-# robot_sdf (no sign data), was classified one closed, consistently and outward oriented shell
-# without self-intersections, so its sign does not depend on how far its search reached.
+# robot_sdf (no sign data), was classified the boundary of a solid (closed, consistently oriented
+# shells without self-intersections, mesh_analysis.classify), so its sign does not depend on how
+# far its search reached.
 SIGN_CLOSED_SHELL = wp.constant(16)
 
 # Search radius for the closest point of a centre known to be inside a mesh: unbounded in practice.
@@ -272,6 +273,10 @@ def mesh_sign_method(mesh: wp.uint64, sign_method: int):
         if m.velocities[data + 2][1] == 0.0:
             # Built without winding-number support (the host refuses such calls; never read it).
             method = SIGN_NORMAL
+        elif m.velocities[data + 4][1] != 0.0:
+            # Classified the boundary of a solid (mesh_analysis.classify): its winding number is
+            # 0 or 1, and the pseudo-normal sign equals it at any distance (and is cheaper).
+            method = SIGN_NORMAL
     raw_closed = raw_closed and (method == SIGN_NORMAL or method == SIGN_WINDING_NUMBER)
     return data, method, raw_closed
 
@@ -335,7 +340,8 @@ def signed_result(delta: wp.vec3, dist: float, inside: float, outward: wp.vec3):
 
 @wp.func
 def closed_inside_bound(mesh: wp.uint64, p: wp.vec3) -> float:
-    """One ray from p into a closed, consistently oriented shell: -1 when it proves p outside,
+    """One ray from p into the boundary of a solid (closed, consistently oriented shells without
+    self-intersections, mesh_analysis.classify): -1 when it proves p outside,
     else a bound on p's distance to the surface if p is inside (UNBOUNDED where the ray only
     grazes an edge: then the exact closest-feature test decides)."""
     # The first surface a ray meets is entered from outside (front face) or left from inside
@@ -374,7 +380,8 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     ``need`` (<= bound: the caller needs no outside result with sd >= need; >= bound: every
     result) lets a mesh with robot_sdf's sign data and no slivers whose inside test does not come
     from the closest feature (winding_number), or comes from it exactly (normal on a mesh that
-    MeshWorld classified as one closed, consistently oriented shell without self-intersections),
+    MeshWorld classified as the boundary of a solid: closed, consistently oriented shells without
+    self-intersections),
     or a mesh built elsewhere that robot_sdf.raw_meshes classified so (SIGN_CLOSED_SHELL), be
     searched within need first: where nothing is that near, a point is found only if it is
     inside. A result with sd < need is the one the full search gives (the same triangle: a search

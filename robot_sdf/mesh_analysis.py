@@ -15,9 +15,11 @@ that holds nothing but the mesh id can reach it. Layout, for V vertices and T tr
     V + 3T + 2      (SIGN_DATA_MAGIC, winding-number support 0/1, the mesh's own sign method)
     V + 3T + 3      (winding radius, 1 if the bounding box bounds the winding-number inside,
                      1 if the mesh has slivers: closest points are then re-searched in float64)
-    V + 3T + 4      (total area A, 1 if the mesh's sign is `normal` and MeshWorld classified it
-                     (auto, or normal asked for) as one closed, consistently oriented shell without
-                     self-intersections (not on a refit), 0)
+    V + 3T + 4      (total area A, 1 if MeshWorld classified the mesh (auto, or normal asked
+                     for) as the boundary of a solid: closed, consistently oriented shells
+                     without self-intersections, one or several (classify's ``solid``; not on a
+                     refit); the kernels then use the pseudo-normal sign for `normal` and
+                     `winding_number` alike (equal there), 0)
 
 Inside test far from the surface: a closed surface (every edge used as often in one direction
 as in the other, any number of shells) has an integer winding number, 0 outside its bounding
@@ -469,10 +471,12 @@ class MeshClass:
     volume: float
     seconds: float = 0.0
     details: dict = field(default_factory=dict)
+    # The boundary of a solid (classify): the pseudo-normal sign is exact at any distance.
+    solid: bool = False
 
     def as_dict(self) -> dict:
         return {"sign_method": self.method.name.lower(), "reason": self.reason, "closed": self.closed,
-                "consistently_oriented": self.consistently_oriented, "shells": self.shells,
+                "consistently_oriented": self.consistently_oriented, "shells": self.shells, "solid": self.solid,
                 "self_intersections": self.self_intersections, "degenerate_triangles": self.degenerate_triangles,
                 "volume": self.volume, "classify_seconds": self.seconds}
 
@@ -592,10 +596,25 @@ def count_self_intersections(mesh: wp.Mesh, vertices: np.ndarray, triangles: np.
     return int(count.numpy()[0])
 
 
+# Nesting of several shells is checked by winding numbers in numpy: at most this many shells,
+# and this many (triangle, point) evaluations; beyond, the mesh keeps the winding-number sign.
+MAX_SOLID_SHELLS = 2048
+MAX_NESTING_EVALUATIONS = 20_000_000
+
+
 def classify(vertices: np.ndarray, triangles: np.ndarray, welded: np.ndarray | None = None,
              mesh_factory=None, facts: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[MeshClass, wp.Mesh | None]:
     """The ``auto`` decision: ``normal`` for one closed, consistently and outward oriented shell
-    without self-intersections; ``winding_number`` for anything else.
+    without self-intersections; ``winding_number`` for anything else (docs/design.md fixes it).
+
+    ``solid`` in the result: the mesh is the boundary of a solid, i.e. closed, consistently
+    oriented shells without self-intersections, each with the solid on its back side (one shell
+    facing outward; or several: separate bodies facing outward, cavities facing inward, bodies
+    in cavities: the winding number is 0 or 1 everywhere). For such a boundary the pseudo-normal
+    sign is exact and equals the winding number's, and a ray from a point meets a front face
+    first iff the point is outside: what the kernels' closed-shell paths rely on, so a solid of
+    several shells (``winding_number`` by this rule) is evaluated by them too (the sign data's
+    closed-shell flag).
 
     The topology checks run first (numpy); only a mesh that passes them needs a BVH for the
     self-intersection test: ``mesh_factory()`` builds the Warp mesh of vertices/triangles, and it
@@ -630,26 +649,87 @@ def classify(vertices: np.ndarray, triangles: np.ndarray, welded: np.ndarray | N
     volume = float(np.einsum("ij,ij->i", a - centre, np.cross(b - centre, c - centre)).sum() / 6.0)
     crossings = 0
     mesh = None
+    solid = False
     if not closed:
         reason = "open surface (some edge has one triangle or more than two)"
     elif not oriented:
         reason = "triangles not consistently oriented"
-    elif shells != 1:
-        reason = f"{shells} shells (separate, touching, overlapping or nested bodies in one mesh)"
     elif volume <= 0.0:
         reason = "inside out (negative volume)"
+    elif shells > MAX_SOLID_SHELLS:
+        reason = f"{shells} shells (more than {MAX_SOLID_SHELLS} to check for nesting)"
     else:
-        mesh = mesh_factory() if mesh_factory is not None else wp.Mesh(
-            points=wp.array(np.asarray(vertices, np.float32), dtype=wp.vec3),
-            indices=wp.array(np.asarray(triangles, np.int32).reshape(-1), dtype=wp.int32))
-        crossings = count_self_intersections(mesh, vertices, triangles, w)
-        if crossings:
-            reason = f"self-intersecting ({crossings} edge-triangle crossings)"
+        # Several shells: nesting first (numpy, cheap), so that overlapping bodies, whose corners
+        # lie in each other, are mostly told before a BVH is built; shells that cross each
+        # other without that are caught by the self-intersection test.
+        nesting = "" if shells == 1 else _shells_bound_one_solid(v64, tri[~flat], labels[good[:, 0]])
+        if nesting is None:
+            reason = f"{shells} shells (too many nested boxes to check for nesting)"
+        elif nesting:
+            reason = nesting
         else:
-            reason = "one closed, consistently oriented shell without self-intersections"
-    method = SignMethod.NORMAL if reason.startswith("one closed") else SignMethod.WINDING_NUMBER
+            mesh = mesh_factory() if mesh_factory is not None else wp.Mesh(
+                points=wp.array(np.asarray(vertices, np.float32), dtype=wp.vec3),
+                indices=wp.array(np.asarray(triangles, np.int32).reshape(-1), dtype=wp.int32))
+            crossings = count_self_intersections(mesh, vertices, triangles, w)
+            if crossings:
+                reason = f"self-intersecting ({crossings} edge-triangle crossings)"
+            elif shells == 1:
+                reason = "one closed, consistently oriented shell without self-intersections"
+                solid = True
+            else:
+                reason = (f"{shells} closed, consistently oriented shells without self-intersections "
+                          "bounding one solid (winding number 0 or 1: evaluated by the pseudo-normal sign, "
+                          "which equals it there)")
+                solid = True
+    method = SignMethod.NORMAL if solid and shells == 1 else SignMethod.WINDING_NUMBER
     return (MeshClass(method, reason, closed, oriented, shells, crossings, degenerate, volume,
-                      time.perf_counter() - t0), mesh)
+                      time.perf_counter() - t0, solid=solid), mesh)
+
+
+def _shells_bound_one_solid(v64: np.ndarray, tri: np.ndarray, shell_of: np.ndarray) -> str | None:
+    """Of closed, consistently oriented shells (``tri`` (T,3) the non-flat triangles, ``shell_of``
+    (T,) their shell labels): "" when, if they do not intersect, they bound one solid, else why
+    not (nested, inside out, or crossing each other; None: too much work to tell).
+
+    Across a shell the winding number steps by one, from the side its normals face to its back;
+    a solid's boundary has 0 in front and 1 behind. Shell i's own step is +1 (faces outward,
+    volume > 0) or -1 (faces inward: a cavity), so the winding number W_i of the other shells at
+    a point of shell i (an integer: they are closed and do not touch it) must be 0 or 1 in turn;
+    a value far from it, integer or not, rules the mesh out either way.
+    Shell j contributes only at points inside its box."""
+    labels, shell_idx = _unique(shell_of, return_inverse=True)
+    count = labels.shape[0]
+    corners = v64[tri]  # (T,3,3)
+    centre = 0.5 * (v64.min(axis=0) + v64.max(axis=0))
+    a, b, c = (corners[:, k] - centre for k in range(3))
+    vol = np.bincount(shell_idx, weights=np.einsum("ij,ij->i", a, np.cross(b, c)) / 6.0, minlength=count)
+    order = np.argsort(shell_idx, kind="stable")
+    first = np.searchsorted(shell_idx[order], np.arange(count))
+    sizes = np.diff(np.append(first, order.shape[0]))
+    lo = np.minimum.reduceat(corners.min(axis=1)[order], first, axis=0)
+    hi = np.maximum.reduceat(corners.max(axis=1)[order], first, axis=0)
+    point = corners[order[first], 0]  # a corner of each shell
+    # holds[i, j]: shell j's box holds shell i's point
+    holds = np.all((lo[None] <= point[:, None]) & (point[:, None] <= hi[None]), axis=2)
+    np.fill_diagonal(holds, False)
+    pairs_i, pairs_j = np.nonzero(holds)
+    if int(sizes[pairs_j].sum()) > MAX_NESTING_EVALUATIONS:
+        return None
+    winding = np.zeros(count)
+    for j in _unique(pairs_j):
+        held = pairs_i[pairs_j == j]
+        shell_j = corners[order[first[j]:first[j] + sizes[j]]]
+        step = max(1, _GIL_CHUNK // held.shape[0])
+        for k in range(0, shell_j.shape[0], step):
+            winding[held] += _winding_numbers(point[held], shell_j[k:k + step])
+    expected = np.where(vol > 0.0, 0.0, 1.0)
+    wrong = np.flatnonzero((np.abs(winding - expected) > 0.25) | (vol == 0.0))
+    if wrong.size == 0:
+        return ""
+    i = int(wrong[0])
+    return (f"{count} shells, not one solid's boundary (shell {i} of {count}: winding number "
+            f"{winding[i]:.2f} of the others on it, volume {vol[i]:.3g}: nested, overlapping or inside-out bodies)")
 
 
 # ---------------------------------------------------------------------------------------- meshes built elsewhere

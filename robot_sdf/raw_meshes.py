@@ -8,8 +8,9 @@ back side at any distance within the search: such a mesh is searched out to
 max_dist + r + eta, as cuRobo does. Each mesh content is analysed once (Twin): its patches are
 oriented consistently, closed ones outward (mesh_analysis.orient_components, as MeshWorld does),
 then
-- one closed shell without self-intersections (mesh_analysis.classify's ``normal`` verdict) has a
-  bounded inside, and Baerentzen's pseudo-normal sign is exact for it at any distance. Its twin
+- the boundary of a solid (mesh_analysis.classify's ``normal`` verdict: closed, consistently
+  oriented shells without self-intersections, one shell or several: separate bodies, cavities)
+  has a bounded inside, and Baerentzen's pseudo-normal sign is exact for it at any distance. Its twin
   is a Warp mesh of the same points (same frame, same device) and the oriented triangles that
   carries robot_sdf's sign data with the closed-shell flag. Under ``auto`` and ``normal`` the
   call's mesh ids are replaced by the twins' ids (warp_primitives), so these meshes take every
@@ -18,8 +19,8 @@ then
   (Warp's normal sign is not exact there: on a capsule's axis it calls deep centres outside).
   Under ``winding_number`` the raw mesh is kept and only flagged (CLOSED_SHELL in its slot's
   sign code): searched within r + eta first, its own winding number decides.
-- any other closed surface (several, nested, touching or overlapping shells; self-intersecting
-  ones: every edge used as often in each direction) is what MeshWorld's ``auto`` makes a
+- any other closed surface (nested, touching or overlapping shells; self-intersecting ones:
+  every edge used as often in each direction) is what MeshWorld's ``auto`` makes a
   winding-number mesh. Under ``auto`` it is evaluated through a winding-number twin (winding
   support, sign data): searched within r + eta first, its winding number decides, 0 outside its
   box. It was searched to the full bound before, with Warp's normal sign (wrong inside an
@@ -99,11 +100,12 @@ class Twin:
     consistently (closed patches outward, mesh_analysis.orient_components, as MeshWorld stores
     them), carrying robot_sdf's sign data for the method ``auto`` chooses.
 
-    ``closed_shell``: the oriented mesh is one closed shell without self-intersections
-    (classify's ``normal`` verdict); its twin, built with the classification (whose
-    self-intersection test needs that BVH), has pseudo-normals and the closed-shell flag.
-    ``winding``: any other closed surface (every edge used as often in each direction: several,
-    nested, touching or overlapping shells, self-intersecting ones), whose winding number is an
+    ``closed_shell``: the oriented mesh bounds a solid: closed shells without self-intersections
+    (classify's ``normal`` verdict: one shell, or several such as separate bodies or cavities);
+    its twin, built with the classification (whose self-intersection test needs that BVH), has
+    pseudo-normals and the closed-shell flag.
+    ``winding``: any other closed surface (every edge used as often in each direction: nested,
+    touching or overlapping shells, self-intersecting ones), whose winding number is an
     integer and 0 outside its box; it gets a winding-number twin at its first use under
     ``auto`` (``twin_id``). A surface that is not closed (a scan, a sheet, a cup) has neither:
     its winding number is fractional out to sqrt(area / 2 pi) from it, and evaluating it near
@@ -120,16 +122,16 @@ class Twin:
         arrays: list = []
 
         def shell() -> wp.Mesh:
-            # Only for meshes that passed the topology checks (closed, consistently oriented
-            # outward, one shell): their pseudo-normals are the exact sign if no self-intersection
-            # turns up, and the flag is only kept then.
+            # Only for meshes that passed the topology checks (closed, consistently oriented,
+            # positive volume): their pseudo-normals are the exact sign if no self-intersection or
+            # nesting turns up, and the mesh is only kept then.
             data = mesh_analysis.sign_data(points, triangles, False, SignMethod.NORMAL, welded=welded)
             data[-1, 1] = 1.0  # closed shell (mesh_analysis module docstring, row V + 3T + 4)
             arrays[:] = self._device_arrays(points, triangles, data)
             return wp.Mesh(points=arrays[0], indices=arrays[1], velocities=arrays[2])
 
         verdict, mesh = mesh_analysis.classify(points, triangles, welded, shell)
-        self.closed_shell = verdict.method == SignMethod.NORMAL and mesh is not None
+        self.closed_shell = verdict.solid and mesh is not None
         topology = None if self.closed_shell else mesh_analysis.sign_topology(triangles, welded)
         self.winding = topology is not None and topology.balanced
         self.nbytes = 0
@@ -241,7 +243,7 @@ def analyse(points: np.ndarray, indices: np.ndarray, device) -> Twin | None:
     welded = mesh_analysis.weld(points)
     given = Twin(points, indices.reshape(-1, 3), welded, device)
     if given.closed_shell:
-        return given  # one closed shell facing outward: orienting would reverse nothing
+        return given  # a solid's boundary as given: orienting would reverse nothing
     triangles, repair = mesh_analysis.orient_components(points, indices.reshape(-1, 3), welded)
     if not repair.faces_reversed:
         return given

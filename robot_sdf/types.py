@@ -33,8 +33,9 @@ class SignMethod(enum.IntEnum):
     PARITY: crossing parity of one perturbed ray. One extra traversal; wrong near cracks.
     AUTO: chosen per geometry when it is added (robot_sdf.mesh_analysis.classify), after the
         add has oriented every closed patch consistently and outward (orient_components, for
-        every method): NORMAL for a single closed, consistently oriented shell without
-        self-intersections, WINDING_NUMBER for anything else.
+        every method): NORMAL for the boundary of a solid (closed, consistently oriented shells
+        without self-intersections, each with the solid behind it: one body, separate bodies,
+        cavities), WINDING_NUMBER for anything else (open, overlapping or nested bodies, ...).
     """
 
     NORMAL = 0

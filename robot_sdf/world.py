@@ -115,7 +115,7 @@ class _Geometry:
         data[-3, 1:] = (1.0 if self.winding_number else 0.0, float(int(method)))
         # The classification proved the pseudo-normal sign exact (a refit rewrites the data
         # without it).
-        self.closed_shell = classification is not None and classification.method == SignMethod.NORMAL
+        self.closed_shell = classification is not None and classification.solid
         data[-1, 1] = 1.0 if self.closed_shell else 0.0
         # Kernels skip the mesh beyond this radius (+ the search bound): no surface is there and
         # no inside point (for winding_number on a surface that is not closed, that reaches

@@ -159,3 +159,34 @@ def test_orient_components_restores_every_part():
     again, rep2 = mesh_analysis.orient_components(v.astype(np.float32), want)
     np.testing.assert_array_equal(again, want)
     assert rep2.faces_reversed == 0 and rep2.components_reversed == 0
+
+
+def _tetrahedra(centres: np.ndarray, size: float) -> tuple[np.ndarray, np.ndarray]:
+    """Outward-wound tetrahedra (one shell each) at ``centres`` (N,3)."""
+    v = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], np.float64) * size
+    t = np.array([[0, 2, 1], [0, 1, 3], [0, 3, 2], [1, 2, 3]], np.int64)
+    verts = (centres[:, None, :] + v[None]).reshape(-1, 3)
+    tris = (t[None] + 4 * np.arange(len(centres))[:, None, None]).reshape(-1, 3)
+    return verts, tris
+
+
+def test_solid_of_several_shells_is_told_from_nested_ones():
+    """Separate tetrahedra bound one solid (auto: winding_number, solid); one more inside another
+    (winding number 2 there) does not; an inward-wound one inside another is a cavity (solid);
+    beyond MAX_SOLID_SHELLS shells nothing is checked (not solid)."""
+    grid = np.stack(np.meshgrid(*[np.arange(4.0)] * 3, indexing="ij"), -1).reshape(-1, 3)
+    v, t = _tetrahedra(grid, 0.5)
+    verdict, _ = mesh_analysis.classify(v, t)
+    assert verdict.shells == 64 and verdict.solid and verdict.method.name == "WINDING_NUMBER", verdict.reason
+    big_v, big_t = _tetrahedra(np.zeros((1, 3)), 3.0)
+    small_v, small_t = _tetrahedra(np.full((1, 3), 0.3), 0.3)
+    nested = (np.concatenate([big_v, small_v]), np.concatenate([big_t, small_t + 4]))
+    verdict, _ = mesh_analysis.classify(*nested)
+    assert not verdict.solid and "winding number 1.00" in verdict.reason, verdict.reason
+    cavity = (nested[0], np.concatenate([big_t, small_t[:, ::-1] + 4]))
+    verdict, _ = mesh_analysis.classify(*cavity)
+    assert verdict.solid and verdict.shells == 2, verdict.reason
+    many = np.stack(np.meshgrid(*[np.arange(13.0)] * 3, indexing="ij"), -1).reshape(-1, 3)
+    assert len(many) > mesh_analysis.MAX_SOLID_SHELLS
+    verdict, _ = mesh_analysis.classify(*_tetrahedra(many, 0.5))
+    assert not verdict.solid and f"more than {mesh_analysis.MAX_SOLID_SHELLS}" in verdict.reason

@@ -61,6 +61,18 @@ def hollow_shell():
     return _merge(ref.box((0.4, 0.4, 0.4)), (inner_v, inner_t[:, ::-1]))
 
 
+def separate_bodies():
+    """Three boxes apart from each other in one mesh (a gripper's fingers exported as one file)."""
+    box = ref.box((0.1, 0.2, 0.1))
+    return _merge(box, _moved(box, (0.15, 0.0, 0.0)), _moved(ref.box((0.05, 0.05, 0.3)), (0.07, 0.3, 0.02)))
+
+
+def body_in_cavity():
+    """A hollow box (inward-wound cavity) holding a loose box: three shells, winding number 0 or 1."""
+    inner_v, inner_t = ref.box((0.3, 0.3, 0.3))
+    return _merge(ref.box((0.4, 0.4, 0.4)), (inner_v, inner_t[:, ::-1]), _moved(ref.box((0.1, 0.1, 0.1)), (0.05, 0, 0)))
+
+
 def duplicated_faces():
     """A closed box whose every triangle appears twice (same winding)."""
     v, t = ref.box((0.3, 0.2, 0.1))
@@ -282,6 +294,8 @@ class Case:
     exact: tuple  # sign methods that must agree with the reference winding number
     note: str = ""
     solid: object = None  # builds the mesh whose winding number is the truth (default: build)
+    # several shells bounding one solid (auto: winding_number, evaluated by the pseudo-normal sign)
+    solid_boundary: bool = False
 
     def truth(self):
         """(vertices, triangles) of the original solid, that the reference labels come from."""
@@ -295,7 +309,9 @@ CORPUS = [
     Case("touching_boxes", touching_boxes, "winding_number", ("winding_number",),
          "coincident faces with opposite normals"),
     Case("nested_shells", nested_shells, "winding_number", ("winding_number",), "winding number 2 inside"),
-    Case("hollow_shell", hollow_shell, "winding_number", ALL, "the cavity is outside"),
+    Case("hollow_shell", hollow_shell, "winding_number", ALL, "the cavity is outside", solid_boundary=True),
+    Case("separate_bodies", separate_bodies, "winding_number", ALL, "three shells apart", solid_boundary=True),
+    Case("body_in_cavity", body_in_cavity, "winding_number", ALL, "a loose body in a cavity", solid_boundary=True),
     Case("duplicated_faces", duplicated_faces, "winding_number", ("normal", "winding_number"),
          "every face twice: ray parity counts two crossings"),
     Case("self_intersecting_shell", self_intersecting_shell, "winding_number", ("winding_number",),
@@ -374,7 +390,8 @@ def main() -> None:
         t0 = time.perf_counter()
         world.add_mesh("auto", v, t)
         auto_s = time.perf_counter() - t0
-        chosen = world.mesh_info("auto")["sign_method"]
+        info = world.mesh_info("auto")
+        chosen = info["sign_method"] + (", solid" if info["auto"]["solid"] and info["sign_method"] != "normal" else "")
         for method in ALL:
             w = MeshWorld(device="cpu", max_distance=0.01, sign_method=method)
             w.add_mesh("m", v, t)

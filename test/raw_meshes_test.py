@@ -82,13 +82,14 @@ _CLOSED_AFTER_ORIENTING = {
     "thin_ridge", "concave_vertex", "sliver_box", "degenerate_triangles", "icosphere_soup", "capsule", "arm_link",
     "arm_link_fine", "flipped_faces", "inside_out_box", "inside_out_icosphere", "inside_out_capsule",
     "inside_out_arm_link", "arm_link_flipped_5", "arm_link_flipped_10", "arm_link_flipped_30", "capsule_flipped_10",
-    "mirrored_arm_link"}
+    "mirrored_arm_link", "hollow_shell", "separate_bodies", "body_in_cavity"}
 
 
 def test_closed_shell_verdicts_of_the_corpus():
-    """One closed shell without self-intersections once its patches are oriented (inverted and
-    partly flipped shells are), and nothing else: open, nested, touching, overlapping,
-    self-intersecting and duplicated-face meshes are not; invalid triangle lists get no twin."""
+    """The boundary of a solid (closed shells without self-intersections: one, separate bodies,
+    a cavity, a body in a cavity) once its patches are oriented (inverted and partly flipped
+    shells are), and nothing else: open, nested, touching, overlapping, self-intersecting and
+    duplicated-face meshes are not; invalid triangle lists get no twin."""
     for case in mesh_corpus.CORPUS:
         v, t = case.build()
         twin = raw_meshes.analyse(v.astype(np.float32), t.reshape(-1).astype(np.int32), "cpu")
@@ -298,6 +299,78 @@ def test_auto_evaluates_closed_surfaces_as_meshworld_does(device, full_search):
         mw_esdf, _, _ = _plain(spheres, (snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh),
                                device, snap, esdf=True)
     np.testing.assert_allclose(esdf, mw_esdf, atol=2e-5)
+
+
+def _solid_of_shells():
+    """A 1 m box with a 0.8 m cavity (inward-wound) holding a loose 0.2 m box: three shells, one
+    solid; the cavity is outside."""
+    inner_v, inner_t = ref.box((0.8, 0.8, 0.8))
+    loose_v, loose_t = ref.box((0.2, 0.2, 0.2))
+    outer_v, outer_t = ref.box((1.0, 1.0, 1.0))
+    v = np.concatenate([outer_v, inner_v, loose_v + np.array([0.15, 0.0, 0.0])])
+    t = np.concatenate([outer_t, inner_t[:, ::-1] + len(outer_v), loose_t + len(outer_v) + len(inner_v)])
+    return v, t
+
+
+def test_solids_of_several_shells_take_the_closed_shell_paths(device, full_search):
+    """Separate bodies in one mesh, and a hollow box with a loose body in its cavity, are solids
+    bounded by several shells: their twins are closed shells (pseudo-normal sign, rays for deep
+    and far points, shared swept traversal), as MeshWorld flags them (auto: winding_number), and
+    give the reference's costs, gradients, esdf and swept costs, with centres in the cavity
+    farther from every wall than the search (outside), deep in the loose body and the walls,
+    and between the bodies."""
+    from robot_sdf import MeshWorld
+
+    rng = np.random.default_rng(21)
+    given = [mesh_corpus.separate_bodies(), _solid_of_shells()]
+    meshes = [ref.RefMesh(v, t, np.concatenate([p, ref.random_quaternion(rng)]))
+              for (v, t), p in zip(given, ([0.0, 0.0, 0.0], [1.5, 0.0, 0.0]))]
+    env = build_warp_env([meshes], device)
+    world = _world(env)
+    wdev = warp_device(torch.device(device))
+    twins = raw_meshes.twin_slots(env.mesh_idx, env.mesh_enable, env.n_env_mesh, wdev)
+    assert [(t.closed_shell, t.winding) for t in twins[0]] == [(True, False), (True, False)]
+    cavity = rng.uniform(-0.38, 0.38, (400, 3))
+    cavity = cavity[np.abs(cavity - [0.15, 0.0, 0.0]).max(1) > 0.12]
+    loose = rng.uniform(-0.045, 0.045, (100, 3)) + [0.15, 0.0, 0.0]
+    spheres = _spheres_around(meshes, 200, 40)
+    centres = np.concatenate([spheres[..., :3].reshape(-1, 3), ref.transform_points(meshes[1].pose, cavity),
+                              ref.transform_points(meshes[1].pose, loose)])
+    radii = rng.uniform(0.005, 0.03, (len(centres), 1))
+    sd = np.stack([m.signed_distance_world(centres)[0] for m in meshes]).min(0)
+    in_cavity = np.zeros(len(centres), bool)
+    in_cavity[len(centres) - len(cavity) - len(loose):len(centres) - len(loose)] = True
+    keep = np.abs(sd) > 2e-3
+    spheres = np.concatenate([centres, radii], 1)[keep].reshape(1, 1, -1, 4)
+    pts, sd, in_cavity = centres[keep], sd[keep], in_cavity[keep]
+    # beyond every search in the cavity (max_dist + r + eta), and deep
+    assert np.sum(in_cavity & (sd > MAX_DIST + 0.05)) >= 20 and np.sum(sd < -0.05) >= 20
+    mask = ref.world_gradient_ambiguity(pts, meshes, 2e-6) <= 1e-4
+    c_ref, g_ref = ref.sphere_cost(spheres, [meshes], ETA, 1.0, MAX_DIST)
+    e_ref, _ = ref.sphere_cost(spheres, [meshes], ETA, 1.0, MAX_DIST, compute_esdf=True)
+    traj = spheres.reshape(1, -1, 1, 4)[:, :800]
+    s_ref, _ = ref.swept_sphere_cost(traj, [meshes], ETA, 1.0, MAX_DIST, 4)
+    assert np.sum(mask & (c_ref.reshape(-1) > 0)) >= 200
+    for sign in ("auto", "normal"):
+        cost, grad, _ = _plain(spheres, world, device, sign)
+        esdf, _, _ = _plain(spheres, world, device, sign, esdf=True)
+        np.testing.assert_allclose(cost.reshape(-1), c_ref.reshape(-1), atol=1e-4, rtol=1e-4, err_msg=sign)
+        np.testing.assert_allclose(grad[..., :3].reshape(-1, 3)[mask], g_ref.reshape(-1, 3)[mask], atol=3e-4,
+                                   err_msg=sign)
+        np.testing.assert_allclose(esdf.reshape(-1), e_ref.reshape(-1), atol=1e-4, err_msg=sign)
+        swept, _ = _swept(traj, world, device, sign)
+        np.testing.assert_allclose(swept.reshape(-1), s_ref.reshape(-1), atol=2e-4, rtol=1e-4, err_msg=sign)
+    mw = MeshWorld(device=device, max_distance=MAX_DIST)
+    for i, m in enumerate(meshes):
+        mw.add_mesh(f"m{i}", m.vertices, m.triangles, pose=m.pose)
+        info = mw.mesh_info(f"m{i}")
+        # auto chooses winding_number for several shells (docs/design.md); the kernels decide
+        # its sign by the pseudo-normal, equal for a solid's boundary
+        assert info["sign_method"] == "winding_number" and info["auto"]["solid"] and info["closed_shell"], info
+    with mw.reading() as snap:
+        mw_esdf, _, _ = _plain(spheres, (snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh),
+                               device, snap, esdf=True)
+    np.testing.assert_allclose(mw_esdf.reshape(-1), e_ref.reshape(-1), atol=1e-4)
 
 
 def test_dropped_twins_wait_for_release(device, monkeypatch):

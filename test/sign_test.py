@@ -44,6 +44,9 @@ def test_auto_chooses_as_expected(case):
     assert info["sign_method"] == case.auto, info["auto"]["reason"]
     assert world.mesh_sign_method("m") == SignMethod[case.auto.upper()]
     assert int(world.snapshot().sign_methods[0, 0]) == int(SignMethod[case.auto.upper()])
+    # The boundary of a solid (one shell under normal, or several) is flagged for the closed-shell
+    # paths: the pseudo-normal sign, exact there, for winding_number too.
+    assert info["auto"]["solid"] == info["closed_shell"] == (case.auto == "normal" or case.solid_boundary), info
     if case.name == "self_intersecting_shell":
         auto = info["auto"]
         assert auto["closed"] and auto["consistently_oriented"] and auto["shells"] == 1
