@@ -605,7 +605,7 @@ MAX_NESTING_EVALUATIONS = 20_000_000
 def classify(vertices: np.ndarray, triangles: np.ndarray, welded: np.ndarray | None = None,
              mesh_factory=None, facts: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[MeshClass, wp.Mesh | None]:
     """The ``auto`` decision: ``normal`` for one closed, consistently and outward oriented shell
-    without self-intersections; ``winding_number`` for anything else (docs/design.md fixes it).
+    without self-intersections; ``winding_number`` for anything else (the design contract fixes it).
 
     ``solid`` in the result: the mesh is the boundary of a solid, i.e. closed, consistently
     oriented shells without self-intersections, each with the solid on its back side (one shell
