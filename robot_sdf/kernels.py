@@ -1016,6 +1016,17 @@ def side_bit(k: int) -> int:
 
 
 @wp.func
+def batched_feature(mesh: wp.uint64, q: wp.vec3, face: int, data: int, winding: bool):
+    """closest_feature of a point whose closest triangle a shared traversal found, signed by the
+    pseudo-normal, or on a winding-number mesh by its winding number at q."""
+    inside = float(1.0)
+    if winding:
+        if winding_inside(mesh, q):
+            inside = -1.0
+    return closest_feature(mesh, q, face, inside, data, not winding)
+
+
+@wp.func
 def swept_slot_cost(
     mesh: wp.uint64,
     cull_radius: float,
@@ -1041,13 +1052,16 @@ def swept_slot_cost(
 
     Skipping is per mesh: a sample is skipped for this mesh when it lies strictly within this
     mesh's clearance of an evaluated point of its side (its share of the cost is provably 0; the
-    distance to one mesh is 1-Lipschitz). With robot_sdf's pseudo-normal sign, p and the samples
-    of both sides are searched in one BVH traversal (mesh_closest_points; p within its bound,
-    the samples within r + eta: their cost needs nothing farther). A sample with no surface
-    within r + eta is outside when the last point of its side evaluated is outside and too far
-    from the surface for a crossing in between (|sd| + r + eta > their distance; closed meshes
-    only); otherwise the full test decides (deep centres are costed). Other sign methods search
-    sample after sample, each bound as far as its clearance could still free a later sample.
+    distance to one mesh is 1-Lipschitz). With robot_sdf's pseudo-normal sign, and with the
+    winding number of a closed surface with robot_sdf's sign data (each point found is then
+    signed by its winding number; p's inside test in the box is the winding number, not a ray),
+    p and the samples of both sides are searched in one BVH traversal (mesh_closest_points; p
+    within its bound, the samples within r + eta: their cost needs nothing farther). A sample
+    with no surface within r + eta is outside when the last point of its side evaluated is
+    outside and too far from the surface for a crossing in between (|sd| + r + eta > their
+    distance; closed meshes only); otherwise the full test decides (deep centres are costed).
+    Other sign methods search sample after sample, each bound as far as its clearance could
+    still free a later sample.
     """
     c0 = float(0.0)
     g0 = wp.vec3(0.0, 0.0, 0.0)
@@ -1066,8 +1080,13 @@ def swept_slot_cost(
         if wp.length(p) > cull_radius + bound_p + half_len:
             return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
     data, method, raw_closed = mesh_sign_method(mesh, sign_method)
+    # A closed winding-number surface (several, overlapping or nested shells: the box bounds its
+    # inside) shares the traversal too; the winding number at each point found gives the sign.
+    winding = method == SIGN_WINDING_NUMBER and data >= 0
+    if winding:
+        winding = wp.mesh_get(mesh).velocities[data + 3][1] != 0.0
     # A stationary step keeps the plain query of p, so that it reproduces the plain cost bit for bit.
-    batched = method == SIGN_NORMAL and data >= 0 and n_sides > 0 and (
+    batched = (winding or (method == SIGN_NORMAL and data >= 0)) and n_sides > 0 and (
         (has_prev == 1 and wp.length_sq(seg_prev) > 0.0) or (has_next == 1 and wp.length_sq(seg_next) > 0.0))
     closed = bool(False)
     inv_2k = float(0.0)
@@ -1094,7 +1113,7 @@ def swept_slot_cost(
                                     has_next * n_first, inv_2k, reach_b, -1.0, False)
         face = face_of(batch[0])
         if face >= 0:
-            d_vec, dist, inside, outward = closest_feature(mesh, p, face, 1.0, data, True)
+            d_vec, dist, inside, outward = batched_feature(mesh, p, face, data, winding)
             sd, grad_sd = signed_result(d_vec, dist, inside, outward)
             found = 1
         else:
@@ -1108,13 +1127,19 @@ def swept_slot_cost(
             hi = m.velocities[data + 1]
             search = float(-1.0)
             if p[0] >= lo[0] and p[1] >= lo[1] and p[2] >= lo[2] and p[0] <= hi[0] and p[1] <= hi[1] and p[2] <= hi[2]:
-                search = closed_inside_bound(mesh, p)
+                if winding:
+                    if winding_inside(mesh, p):
+                        search = UNBOUNDED
+                else:
+                    search = closed_inside_bound(mesh, p)
             if search > 0.0:
                 deep_batch = mesh_closest_points(mesh, p, search, seg_prev, inv_2k, has_prev * n_first, seg_next,
                                                  inv_2k, has_next * n_first, inv_2k, reach_b, search, True)
                 face = face_of(deep_batch[0])
                 if face >= 0:
-                    d_vec, dist, inside, outward = closest_feature(mesh, p, face, 1.0, data, True)
+                    # inside: the winding number said so (pseudo False keeps it), or the pseudo-normal says
+                    d_vec, dist, inside, outward = closest_feature(mesh, p, face, wp.where(winding, -1.0, 1.0), data,
+                                                                   not winding)
                     if inside < 0.0:
                         sd, grad_sd = signed_result(d_vec, dist, inside, outward)
                         found = 1
@@ -1230,7 +1255,7 @@ def swept_slot_cost(
                                                          chain_inside)
                         face = face_of(side_batch[1])
                     if face >= 0:
-                        d_vec, dist, inside, outward = closest_feature(mesh, q, face, 1.0, data, True)
+                        d_vec, dist, inside, outward = batched_feature(mesh, q, face, data, winding)
                         sd_k, grad_k = signed_result(d_vec, dist, inside, outward)
                         found_k = 1
                         full = False

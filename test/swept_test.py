@@ -425,6 +425,46 @@ def test_contact_heavy_trajectories_in_and_out_of_meshes(device, sweep_steps):
     np.testing.assert_allclose(costs["raw"], costs["world"], atol=1e-5)
 
 
+@pytest.mark.parametrize("sweep_steps", [2, 4])
+def test_contact_heavy_trajectories_through_winding_number_meshes(device, sweep_steps):
+    """Closed surfaces that auto evaluates by winding number (two overlapping boxes in one mesh,
+    a box nested in a box: winding number 2 inside), walked through in short steps: the shared
+    traversal signs each point by its winding number (MeshWorld's meshes and cuRobo-built ones,
+    through their winding-number twins) and gives the reference's costs and gradients; deep
+    samples, in the overlap and in the inner box, keep their full cost."""
+    import mesh_corpus
+
+    rng = np.random.default_rng(90 + sweep_steps)
+    ov, ot = mesh_corpus.overlapping_boxes()
+    nv, nt = mesh_corpus.nested_shells()
+    meshes = [ref.RefMesh(ov * 2.0, ot, np.concatenate([[0.3, 0.0, 0.0], ref.random_quaternion(rng)])),
+              ref.RefMesh(nv * 1.2, nt, np.concatenate([[-0.35, 0.05, 0.0], ref.random_quaternion(rng)]))]
+    start = rng.uniform([-0.6, -0.25, -0.25], [0.6, 0.25, 0.25], size=(3, 1, 8, 3))
+    start[:, :, :4] = ref.transform_points(meshes[0].pose, np.array([[0.1, 0.05, 0.03]]))[0] \
+        + rng.uniform(-0.05, 0.05, size=(3, 1, 4, 3))  # in the overlap
+    start[:, :, 4:6] = meshes[1].pose[:3] + rng.uniform(-0.03, 0.03, size=(3, 1, 2, 3))  # in the inner box
+    direction = rng.normal(size=(3, 1, 8, 3))
+    direction /= np.linalg.norm(direction, axis=-1, keepdims=True)
+    walk = start + direction * np.linspace(0.0, 0.3, 12)[None, :, None, None] \
+        + np.cumsum(rng.normal(scale=0.004, size=(3, 12, 8, 3)), axis=1)
+    s = np.concatenate([walk, rng.uniform(0.01, 0.04, size=(3, 12, 8, 1))], axis=-1)
+    samples: list = []
+    c_ref, own, to_prev, to_next = ref.swept_sphere_partials(s, [meshes], ETA, 1.0, MAX_DIST, sweep_steps,
+                                                             samples_out=samples)
+    g_ref = ref.swept_chain_rule(own, to_prev, to_next)
+    sd = np.stack([m.signed_distance_world(s[..., :3].reshape(-1, 3))[0] for m in meshes]).min(0)
+    assert np.sum(sd < -0.09) >= 10  # centres deeper than the samples' search bound r + eta
+    assert np.mean(c_ref > 0) > 0.4
+    mask = sample_mask(s, meshes, samples)
+    for kind in ("raw", "world"):
+        wenv = world_env([meshes], device, kind)
+        if kind == "world":
+            assert [wenv.world.mesh_info(f"m{i}")["sign_method"] for i in range(2)] == ["winding_number"] * 2
+        _, cost, g, _ = run_swept(s, wenv, device, sweep_steps)
+        np.testing.assert_allclose(np_(cost), c_ref, atol=COST_ATOL, rtol=1e-4, err_msg=kind)
+        np.testing.assert_allclose(np_(g[..., :3])[mask], g_ref[mask], atol=GRAD_ATOL, rtol=1e-4, err_msg=kind)
+
+
 def test_off_spheres_contribute_and_receive_nothing(device):
     """Step 1 of the middle trajectory is off: steps 0 and 2 lose that side (step 0 then has no
     side at all and pays its plain cost), and the off sphere gets no gradient."""
