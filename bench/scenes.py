@@ -236,31 +236,32 @@ def robot_like_meshes(seed: int = STANDARD_SEED + 5) -> list[SceneMesh]:
     return meshes
 
 
-def two_part_meshes(seed: int = STANDARD_SEED + 5) -> list[SceneMesh]:
-    """robot_like_meshes with a second, smaller copy of each link in the same mesh beside it (a
-    link exported with a part bolted on, as one file): closed surfaces of two shells, which
-    ``auto`` evaluates by winding number."""
+def _links_with_part(seed: int, place) -> list[SceneMesh]:
+    """robot_like_meshes with a 0.3-scale copy of each link added to the same mesh, moved by
+    ``place(link vertices, copy vertices)`` -> (3,) float32 offset."""
     out = []
     for m in robot_like_meshes(seed):
-        extent = m.vertices.max(0) - m.vertices.min(0)
-        part = m.vertices * np.float32(0.3) + (extent * np.array([0.0, 0.0, 0.6])).astype(np.float32)
+        part = m.vertices * np.float32(0.3)
+        part = part + place(m.vertices, part)
         out.append(SceneMesh(m.name, np.concatenate([m.vertices, part]).astype(np.float32),
                              np.concatenate([m.triangles, m.triangles + len(m.vertices)]), m.pose))
     return out
+
+
+def two_part_meshes(seed: int = STANDARD_SEED + 5) -> list[SceneMesh]:
+    """robot_like_meshes with a second, smaller copy of each link in the same mesh beside it,
+    overlapping it (a link exported with a part bolted on, as one file): closed surfaces of two
+    crossing shells, which ``auto`` evaluates by winding number."""
+    return _links_with_part(seed, lambda link, part: (
+        (link.max(0) - link.min(0)) * np.array([0.0, 0.0, 0.6])).astype(np.float32))
 
 
 def two_body_meshes(seed: int = STANDARD_SEED + 5) -> list[SceneMesh]:
     """robot_like_meshes with a second, 0.3-scale copy of each link in the same mesh, 2 cm clear of
     it (a link exported together with a separate part, as one file): two closed shells bounding
     one solid, which ``auto`` calls winding_number and the kernels evaluate by pseudo-normals."""
-    out = []
-    for m in robot_like_meshes(seed):
-        lo, hi = m.vertices.min(0), m.vertices.max(0)
-        part = m.vertices * np.float32(0.3)
-        part = part + np.array([0.0, 0.0, hi[2] + 0.02 - part[:, 2].min()], np.float32)
-        out.append(SceneMesh(m.name, np.concatenate([m.vertices, part]).astype(np.float32),
-                             np.concatenate([m.triangles, m.triangles + len(m.vertices)]), m.pose))
-    return out
+    return _links_with_part(seed, lambda link, part: np.array(
+        [0.0, 0.0, link[:, 2].max() + 0.02 - part[:, 2].min()], np.float32))
 
 
 # --------------------------------------------------------------------------------------- spheres

@@ -389,6 +389,33 @@ def test_sphere_jumping_through_thin_wall(device, kind):
         np.testing.assert_allclose(np_(g[..., 1:3]), 0.0, atol=1e-5)
 
 
+def contact_walks(rng: np.random.Generator, meshes: list[ref.RefMesh], start: np.ndarray, sweep_steps: int):
+    """(3, 12, 8, 4) walks from ``start`` (3, 1, 8, 3) in short noisy steps along random
+    directions, and the reference's swept costs, gradients and the mask of unambiguous gradients;
+    asserts that some centres lie deeper than r + eta and that most spheres pay."""
+    direction = rng.normal(size=(3, 1, 8, 3))
+    direction /= np.linalg.norm(direction, axis=-1, keepdims=True)
+    walk = start + direction * np.linspace(0.0, 0.3, 12)[None, :, None, None] \
+        + np.cumsum(rng.normal(scale=0.004, size=(3, 12, 8, 3)), axis=1)
+    s = np.concatenate([walk, rng.uniform(0.01, 0.04, size=(3, 12, 8, 1))], axis=-1)
+    samples: list = []
+    c_ref, own, to_prev, to_next = ref.swept_sphere_partials(s, [meshes], ETA, 1.0, MAX_DIST, sweep_steps,
+                                                             samples_out=samples)
+    g_ref = ref.swept_chain_rule(own, to_prev, to_next)
+    sd = np.stack([m.signed_distance_world(s[..., :3].reshape(-1, 3))[0] for m in meshes]).min(0)
+    assert np.sum(sd < -0.09) >= 10  # centres deeper than the samples' search bound r + eta
+    assert np.mean(c_ref > 0) > 0.4
+    return s, c_ref, g_ref, sample_mask(s, meshes, samples)
+
+
+def check_walks(s, c_ref, g_ref, mask, wenv, device: str, sweep_steps: int, kind: str) -> np.ndarray:
+    """Swept costs and gradients of ``s`` on ``wenv`` against the reference's; returns the costs."""
+    _, cost, g, _ = run_swept(s, wenv, device, sweep_steps)
+    np.testing.assert_allclose(np_(cost), c_ref, atol=COST_ATOL, rtol=1e-4, err_msg=kind)
+    np.testing.assert_allclose(np_(g[..., :3])[mask], g_ref[mask], atol=GRAD_ATOL, rtol=1e-4, err_msg=kind)
+    return np_(cost)
+
+
 @pytest.mark.parametrize("sweep_steps", [2, 4, 11])
 def test_contact_heavy_trajectories_in_and_out_of_meshes(device, sweep_steps):
     """Short steps (samples mm apart, searched together for MeshWorld's meshes) along walks that
@@ -402,26 +429,11 @@ def test_contact_heavy_trajectories_in_and_out_of_meshes(device, sweep_steps):
     start = rng.uniform([-0.5, -0.25, -0.25], [0.55, 0.25, 0.25], size=(3, 1, 8, 3))
     start[:, :, :3] = rng.choice([-0.3, 0.3], size=(3, 1, 3, 1)) * np.array([1.0, 0.0, 0.0]) \
         + rng.uniform(-0.05, 0.05, size=(3, 1, 3, 3))  # near the centres of the meshes
-    direction = rng.normal(size=(3, 1, 8, 3))
-    direction /= np.linalg.norm(direction, axis=-1, keepdims=True)
-    walk = start + direction * np.linspace(0.0, 0.3, 12)[None, :, None, None] \
-        + np.cumsum(rng.normal(scale=0.004, size=(3, 12, 8, 3)), axis=1)
-    s = np.concatenate([walk, rng.uniform(0.01, 0.04, size=(3, 12, 8, 1))], axis=-1)
-    samples: list = []
-    c_ref, own, to_prev, to_next = ref.swept_sphere_partials(s, [meshes], ETA, 1.0, MAX_DIST, sweep_steps,
-                                                             samples_out=samples)
-    g_ref = ref.swept_chain_rule(own, to_prev, to_next)
-    sd = np.stack([m.signed_distance_world(s[..., :3].reshape(-1, 3))[0] for m in meshes]).min(0)
-    assert np.sum(sd < -0.09) >= 10  # centres deeper than the samples' search bound r + eta
-    assert np.mean(c_ref > 0) > 0.4
-    mask = sample_mask(s, meshes, samples)
+    s, c_ref, g_ref, mask = contact_walks(rng, meshes, start, sweep_steps)
     costs = {}
     for kind in ("raw", "world"):
         wenv = world_env([meshes], device, kind)
-        _, cost, g, _ = run_swept(s, wenv, device, sweep_steps)
-        np.testing.assert_allclose(np_(cost), c_ref, atol=COST_ATOL, rtol=1e-4, err_msg=kind)
-        np.testing.assert_allclose(np_(g[..., :3])[mask], g_ref[mask], atol=GRAD_ATOL, rtol=1e-4, err_msg=kind)
-        costs[kind] = np_(cost)
+        costs[kind] = check_walks(s, c_ref, g_ref, mask, wenv, device, sweep_steps, kind)
     np.testing.assert_allclose(costs["raw"], costs["world"], atol=1e-5)
 
 
@@ -443,26 +455,12 @@ def test_contact_heavy_trajectories_through_winding_number_meshes(device, sweep_
     start[:, :, :4] = ref.transform_points(meshes[0].pose, np.array([[0.1, 0.05, 0.03]]))[0] \
         + rng.uniform(-0.05, 0.05, size=(3, 1, 4, 3))  # in the overlap
     start[:, :, 4:6] = meshes[1].pose[:3] + rng.uniform(-0.03, 0.03, size=(3, 1, 2, 3))  # in the inner box
-    direction = rng.normal(size=(3, 1, 8, 3))
-    direction /= np.linalg.norm(direction, axis=-1, keepdims=True)
-    walk = start + direction * np.linspace(0.0, 0.3, 12)[None, :, None, None] \
-        + np.cumsum(rng.normal(scale=0.004, size=(3, 12, 8, 3)), axis=1)
-    s = np.concatenate([walk, rng.uniform(0.01, 0.04, size=(3, 12, 8, 1))], axis=-1)
-    samples: list = []
-    c_ref, own, to_prev, to_next = ref.swept_sphere_partials(s, [meshes], ETA, 1.0, MAX_DIST, sweep_steps,
-                                                             samples_out=samples)
-    g_ref = ref.swept_chain_rule(own, to_prev, to_next)
-    sd = np.stack([m.signed_distance_world(s[..., :3].reshape(-1, 3))[0] for m in meshes]).min(0)
-    assert np.sum(sd < -0.09) >= 10  # centres deeper than the samples' search bound r + eta
-    assert np.mean(c_ref > 0) > 0.4
-    mask = sample_mask(s, meshes, samples)
+    s, c_ref, g_ref, mask = contact_walks(rng, meshes, start, sweep_steps)
     for kind in ("raw", "world"):
         wenv = world_env([meshes], device, kind)
         if kind == "world":
             assert [wenv.world.mesh_info(f"m{i}")["sign_method"] for i in range(2)] == ["winding_number"] * 2
-        _, cost, g, _ = run_swept(s, wenv, device, sweep_steps)
-        np.testing.assert_allclose(np_(cost), c_ref, atol=COST_ATOL, rtol=1e-4, err_msg=kind)
-        np.testing.assert_allclose(np_(g[..., :3])[mask], g_ref[mask], atol=GRAD_ATOL, rtol=1e-4, err_msg=kind)
+        check_walks(s, c_ref, g_ref, mask, wenv, device, sweep_steps, kind)
 
 
 def test_off_spheres_contribute_and_receive_nothing(device):
