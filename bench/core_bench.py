@@ -34,6 +34,7 @@ import warp as wp
 
 from bench import Stats, emit, fmt_ms, fmt_rate, load_average, measure, section, table  # noqa: F401
 from bench import scenes
+from bench.curobo_style import CuroboStyleRunner
 from bench.legacy_swept import legacy_swept_sphere_cost_kernel
 from robot_sdf import MeshWorld, SignMethod, kernels, raw_meshes
 from robot_sdf.warp_primitives import (SdfMeshWarpPy, SweptSdfMeshWarpPy, _as_warp, _launch, _sign_arguments,
@@ -44,6 +45,7 @@ wp.set_module_options({"enable_backward": False})
 
 SIGN = SignMethod.NORMAL
 SWEEP_STEPS = 4
+CUROBO_STYLE = "cuRobo-style kernels"
 SPEED_DT = 0.1
 
 
@@ -586,17 +588,22 @@ def raw_mesh_table(b: Bench) -> None:
     for label, (bt, h, n) in sizes.items():
         plain_spheres = scenes.near_surface_spheres(meshes, bt * h * n)
         traj = scenes.trajectories(meshes, bt, h, n)
-        res = _time_worlds(b, worlds, plain_spheres, traj, unclassified, plain_on_swept=True)
+        res = _time_worlds(b, worlds, plain_spheres, traj, unclassified, plain_on_swept=True,
+                           reference="raw wp.Mesh, pad 0")
         for kind in ("plain", "swept"):
             base = res[f"{kind}, raw wp.Mesh, radius filled"].median
-            for name in worlds:
+            curobo = res[f"{kind}, {CUROBO_STYLE}"].median
+            for name in [*worlds, CUROBO_STYLE]:
                 st = res[f"{kind}, {name}"]
                 count = bt * h * n
                 same = res[f"plain on the swept spheres, {name}"].median
                 rows.append([label, kind, name, st.ms(), f"{1e9 * st.median / count:,.0f}", f"{st.median / base:.2f}",
-                             f"{st.median / same:.2f}" if kind == "swept" else ""])
+                             f"{st.median / curobo:.2f}", f"{st.median / same:.2f}" if kind == "swept" else ""])
     emit(table(["spheres", "cost", "world tensors", "median ms (p25-p75)", "ns / sphere", "/ radius filled",
-                "swept / plain on the same spheres"], rows))
+                "/ cuRobo-style", "swept / plain on the same spheres"], rows))
+    emit(f"'{CUROBO_STYLE}': bench/curobo_style.py, cuRobo's mesh-collision algorithm (Warp's mesh_query_point "
+         "with its ray-vote sign per mesh and sample, cuRobo's sample schedule) written here as a timing reference, "
+         "on the pad-0 tensors: cuRobo v0.7.8 itself cannot be installed here.")
     emit(f"'{unclassified}': the same tensors with robot_sdf.raw_meshes switched off (every mesh built "
          "elsewhere searched to max_dist + r + eta, the path before closed shells were classified).")
     _classification_cost(b, meshes)
@@ -629,23 +636,25 @@ def _other_surfaces_table(b: Bench) -> None:
         for label, (bt, h, n) in sizes.items():
             plain_spheres = scenes.near_surface_spheres(meshes, bt * h * n)
             traj = scenes.trajectories(meshes, bt, h, n)
-            res = _time_worlds(b, worlds, plain_spheres, traj, full)
+            res = _time_worlds(b, worlds, plain_spheres, traj, full, reference="raw wp.Mesh, pad 0")
             for kind in ("plain", "swept"):
                 base = res[f"{kind}, {full}"].median
-                for name in worlds:
+                curobo = res[f"{kind}, {CUROBO_STYLE}"].median
+                for name in [*worlds, CUROBO_STYLE]:
                     st = res[f"{kind}, {name}"]
                     rows.append([scene, label, kind, name, st.ms(), f"{1e9 * st.median / (bt * h * n):,.0f}",
-                                 f"{st.median / base:.2f}"])
-    emit(table(["scene", "spheres", "cost", "world tensors", "median ms (p25-p75)", "ns / sphere", "/ full search"],
-               rows))
+                                 f"{st.median / base:.2f}", f"{st.median / curobo:.2f}"])
+    emit(table(["scene", "spheres", "cost", "world tensors", "median ms (p25-p75)", "ns / sphere", "/ full search",
+                "/ cuRobo-style"], rows))
 
 
 def _time_worlds(b: Bench, worlds: dict, plain_spheres: np.ndarray, traj: np.ndarray, full_search: str,
-                 plain_on_swept: bool = False) -> dict[str, Stats]:
+                 plain_on_swept: bool = False, reference: str | None = None) -> dict[str, Stats]:
     """Plain and swept fwd+bwd ("plain, NAME", "swept, NAME"; with ``plain_on_swept`` also "plain on
     the swept spheres, NAME") for each named world, the world named ``full_search`` with
-    raw_meshes switched off, one thread on the CPU, in a new order every round (the raw worlds
-    share twins: bench.measure's shuffle)."""
+    raw_meshes switched off, and bench/curobo_style.py's kernels on the tensors of the world named
+    ``reference`` (NAME = CUROBO_STYLE), one thread on the CPU, in a new order every round (the raw
+    worlds share twins: bench.measure's shuffle)."""
     cases: dict[str, Callable[[], object]] = {}
     for name, world in worlds.items():
         plain, swept = CostRunner(world, plain_spheres), CostRunner(world, traj)
@@ -655,6 +664,12 @@ def _time_worlds(b: Bench, worlds: dict, plain_spheres: np.ndarray, traj: np.nda
         if name == full_search:
             runs = {k: (lambda f=f: _full_search(f)) for k, f in runs.items()}
         cases.update(runs)
+        if name == reference:
+            plain_ref, swept_ref = CuroboStyleRunner(plain), CuroboStyleRunner(swept)
+            cases[f"plain, {CUROBO_STYLE}"] = plain_ref.forward_backward
+            cases[f"swept, {CUROBO_STYLE}"] = lambda f=swept_ref.forward_backward: f(SWEEP_STEPS)
+            if plain_on_swept:
+                cases[f"plain on the swept spheres, {CUROBO_STYLE}"] = swept_ref.forward_backward
     if b.device == "cpu":
         cases = {k: (lambda f=f: _one_thread(f)) for k, f in cases.items()}
     return b.timed(cases, reps=3 if b.quick else 11, shuffle=True)
