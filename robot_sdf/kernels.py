@@ -1072,6 +1072,17 @@ def swept_slot_cost(
     mask_prev = int(0)
     mask_next = int(0)
     reach_b = radius + eta
+    data, method, raw_closed = mesh_sign_method(mesh, sign_method)
+    # Only the sign of a closed surface changes where the surface is crossed: elsewhere (open
+    # surfaces; the winding number of an open surface, which passes 0.5 off the surface) a point
+    # free of the surface may still be inside, so the clearance of a point frees no sample, and
+    # p and every sample take the plain query (max_dist + r + eta), which makes the step's cost
+    # the mean of the plain costs at its samples, as defined.
+    sign_closed = raw_closed
+    if data >= 0:
+        sign_closed = wp.mesh_get(mesh).velocities[data + 3][1] != 0.0
+    if not sign_closed:
+        bound0 = max_dist
     bound_p = bound0 + radius + eta
     half_len = wp.max(float(has_prev) * wp.length(seg_prev), float(has_next) * wp.length(seg_next)) * 0.5
     if cull_radius > 0.0:
@@ -1079,14 +1090,11 @@ def swept_slot_cost(
         # and no point of the slot can be inside (the mesh itself is not touched).
         if wp.length(p) > cull_radius + bound_p + half_len:
             return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
-    data, method, raw_closed = mesh_sign_method(mesh, sign_method)
     # A closed winding-number surface (several, overlapping or nested shells: the box bounds its
     # inside) shares the traversal too; the winding number at each point found gives the sign.
-    winding = method == SIGN_WINDING_NUMBER and data >= 0
-    if winding:
-        winding = wp.mesh_get(mesh).velocities[data + 3][1] != 0.0
+    winding = method == SIGN_WINDING_NUMBER and data >= 0 and sign_closed
     # A stationary step keeps the plain query of p, so that it reproduces the plain cost bit for bit.
-    batched = (winding or (method == SIGN_NORMAL and data >= 0)) and n_sides > 0 and (
+    batched = sign_closed and (winding or (method == SIGN_NORMAL and data >= 0)) and n_sides > 0 and (
         (has_prev == 1 and wp.length_sq(seg_prev) > 0.0) or (has_next == 1 and wp.length_sq(seg_next) > 0.0))
     closed = bool(False)
     inv_2k = float(0.0)
@@ -1153,8 +1161,14 @@ def swept_slot_cost(
         # sample (half_len): where mesh_signed_distance may search within need first, nothing
         # found there still frees every sample (the clearance below exceeds half_len).
         need_p = wp.min(bound_p, reach_b + half_len * REACH_MARGIN + REACH_SLACK)
+        if not sign_closed:
+            need_p = reach_b
         found, sd, grad_sd = mesh_signed_distance(mesh, p, bound_p, cull_radius, sign_method, need_p)
-        bound_p = need_p
+        if sign_closed:
+            bound_p = need_p
+        else:
+            # No clearance: nothing frees a sample.
+            bound_p = reach_b
     clearance = bound_p - reach_b
     chain_abs = bound_p
     chain_inside = bool(False)
@@ -1162,7 +1176,7 @@ def swept_slot_cost(
         dc = float(0.0)
         c0, dc = penetration_cost(sd, radius, eta)
         g0 = grad_sd * (-dc)
-        clearance = sd - reach_b
+        clearance = wp.where(sign_closed, sd - reach_b, 0.0)
         chain_abs = wp.abs(sd)
         chain_inside = sd < 0.0
     if n_sides == 0:
@@ -1261,8 +1275,13 @@ def swept_slot_cost(
                         full = False
                     elif closed and not last_inside and last_abs + reach_b > (sk - last_s) * seg_len:
                         full = False
+                if not sign_closed:
+                    # The plain query of q (see above).
+                    search = max_dist + reach_b
+                    known = reach_b
                 if full:
-                    found_k, sd_k, grad_k = mesh_signed_distance(mesh, q, search, cull_radius, sign_method, search)
+                    found_k, sd_k, grad_k = mesh_signed_distance(mesh, q, search, cull_radius, sign_method,
+                                                                 wp.where(sign_closed, search, reach_b))
                 if full or found_k != 0:
                     mask = mask | side_bit(k)
                 clearance_k = known - reach_b
@@ -1276,7 +1295,8 @@ def swept_slot_cost(
                     last_abs = wp.abs(sd_k)
                     last_inside = sd_k < 0.0
                 last_s = sk
-                free_reach = wp.max(free_reach, sk * seg_len + clearance_k)
+                if sign_closed:
+                    free_reach = wp.max(free_reach, sk * seg_len + clearance_k)
             delta += wk * (ck - c0)
             own += gk * (wk * (1.0 - sk))
             to_neighbour += gk * (wk * sk)
@@ -1400,11 +1420,12 @@ def swept_sphere_cost_kernel(
         # Mesh after mesh (the slot loop of sphere_world_cost), each mesh with all the samples
         # of the step: a sample is skipped per mesh, and the samples of a side share traversals.
         # Slots within reach of any sample of the step (p, the samples up to half way to each
-        # neighbour, each searched within bound0 + r + eta at most): through the environment's
+        # neighbour, each searched within max_dist + r + eta at most): through the environment's
         # slot BVH where it has one (swept_slot_cost's own early-out then sees the same slots as
-        # the plain loop would let through), else slot after slot.
+        # the plain loop would let through), else slot after slot. Meshes whose sign is not that
+        # of a closed surface search every point to max_dist + r + eta (swept_slot_cost).
         half_len = 0.5 * wp.max(float(has_prev) * wp.length(prev - p), float(has_next) * wp.length(nxt - p))
-        slot_reach = bound0 + radius + eta + half_len
+        slot_reach = max_dist + radius + eta + half_len
         count = wp.min(n_env_mesh[env], mesh_idx.shape[1])
         hits, n_iter, listed = slot_candidates(slot_bvh, env, n_env_mesh.shape[0], count, p, slot_reach)
         for i in range(n_iter):

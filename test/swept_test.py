@@ -4,6 +4,7 @@ towards both neighbours), finite differences, and the CHOMP speed metric."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -461,6 +462,96 @@ def test_contact_heavy_trajectories_through_winding_number_meshes(device, sweep_
         if kind == "world":
             assert [wenv.world.mesh_info(f"m{i}")["sign_method"] for i in range(2)] == ["winding_number"] * 2
         check_walks(s, c_ref, g_ref, mask, wenv, device, sweep_steps, kind)
+
+
+@dataclass
+class NormalSignSheet(ref.RefMesh):
+    """An open sheet under the pseudo-normal sign (Warp's for raw meshes, robot_sdf's `normal`):
+    the sign is the side of the sheet's plane (normal +z) wherever the closest point lies, even
+    beyond its edges, and a point is found only within ``bound`` (its box is flat: nothing
+    deeper is inside)."""
+
+    bound: float = 0.0
+
+    def signed_distance_world(self, points: np.ndarray):
+        local = ref.transform_points(ref.pose_inverse(self.pose), points)
+        c, d, _ = ref.closest_point_mesh(local, self.vertices, self.triangles)
+        sign = np.where(local[:, 2] > 0.0, 1.0, -1.0)
+        grad = (local - c) / np.maximum(d, 1e-300)[:, None] * sign[:, None]
+        sd = np.where(d < self.bound, d * sign, 10.0)
+        return sd, grad @ ref.quat_to_matrix(self.pose[3:]).T
+
+
+def open_bowl() -> tuple[np.ndarray, np.ndarray]:
+    """An icosphere (r = 0.15 m) without its cap: points deep in the bowl have a winding number
+    above 0.5, reached from outside through the opening without crossing the surface."""
+    v, t = ref.icosphere(0.15, 2)
+    keep = v[t].mean(axis=1)[:, 2] < 0.09
+    return v, t[keep]
+
+
+@pytest.mark.parametrize("case", ["raw sheet", "world normal sheet", "world auto bowl"])
+def test_open_surfaces_cost_the_mean_of_plain_costs_at_the_samples(device, case):
+    """Where the sign is not that of a closed surface, a point free of the surface may still be
+    inside (beyond a sheet's edge under the pseudo-normal sign, in a bowl's opening under the
+    winding number): no sample is freed by a clearance, and each costs what the plain cost says
+    there (regression: samples inside such a clearance were skipped, costing 0)."""
+    from robot_sdf import MeshWorld
+
+    max_dist, sweep_steps = 0.2, 4
+    rng = np.random.default_rng(77)
+    pose = np.concatenate([[0.05, -0.02, 0.03], ref.random_quaternion(rng)])
+    if case.endswith("sheet"):
+        v, t = ref.sheet(1.0, 6)
+        meshes = [NormalSignSheet(v, t, pose)]
+        start = rng.uniform([-0.7, -0.7, -0.3], [0.7, 0.7, 0.3], size=(6, 1, 8, 3))
+    else:
+        v, t = open_bowl()
+        meshes = [ref.RefMesh(v, t, pose)]
+        start = rng.uniform(-0.25, 0.25, size=(6, 1, 8, 3))
+    start = ref.transform_points(pose, start.reshape(-1, 3)).reshape(start.shape)
+    walk = np.cumsum(rng.normal(scale=0.08, size=(6, 6, 8, 3)), axis=1)
+    walk[:, 0] = 0.0
+    # One radius per sphere index, so that the sheet's found bound is one number per index.
+    radius = np.broadcast_to(rng.uniform(0.01, 0.06, size=(1, 1, 8, 1)), (6, 6, 8, 1))
+    s = np.concatenate([start + walk, radius], axis=-1)
+    if case == "raw sheet":
+        wenv = build_warp_env([[ref.RefMesh(v, t, pose)]], device)
+    else:
+        world = MeshWorld(device=device, mesh_capacity=1, max_distance=max_dist,
+                          sign_method=SignMethod.NORMAL if case.endswith("sheet") else SignMethod.AUTO)
+        world.add_mesh("open", v, t, pose=pose)
+        wenv = world.snapshot()
+    c_ref = np.zeros(s.shape[:-1])
+    own, to_prev, to_next = (np.zeros(s.shape[:-1] + (3,)) for _ in range(3))
+    for n in range(s.shape[2]):
+        if case.endswith("sheet"):
+            meshes[0].bound = max_dist + float(s[0, 0, n, 3]) + ETA
+        cn, on, pn, nn = ref.swept_sphere_partials(s[:, :, n:n + 1], [meshes], ETA, 1.0, max_dist, sweep_steps)
+        c_ref[:, :, n], own[:, :, n], to_prev[:, :, n], to_next[:, :, n] = cn[..., 0], on[:, :, 0], pn[:, :, 0], nn[:, :, 0]
+    g_ref = ref.swept_chain_rule(own, to_prev, to_next)
+    samples: list = []
+    ref.swept_sphere_partials(s, [[ref.RefMesh(v, t, pose)]], ETA, 1.0, max_dist, sweep_steps, samples_out=samples)
+    # Spheres whose points all stay clear of the plain cost's jumps: the sheet's plane and found
+    # bound, the bowl's winding number 0.5 (Warp's is the fast approximation), the surface.
+    pts = np.concatenate([s[..., :3].reshape(-1, 3), np.stack([q for _, q in samples])])
+    owner = np.concatenate([np.arange(s[..., 0].size),
+                            [np.ravel_multi_index(k, s.shape[:-1]) for k, _ in samples]])
+    radius = s[..., 3].reshape(-1)[owner]
+    local = ref.transform_points(ref.pose_inverse(pose), pts)
+    _, d, _ = ref.closest_point_mesh(local, v, t)
+    if case.endswith("sheet"):
+        bad = (np.abs(local[:, 2]) < 1e-4) | (np.abs(d - (max_dist + radius + ETA)) < 1e-3)
+    else:
+        bad = (np.abs(ref.winding_number(local, v, t) - 0.5) < 0.05) | (d < 1e-4)
+    mask = np.ones(s[..., 0].size, dtype=bool)
+    mask[owner[bad]] = False
+    mask = mask.reshape(s.shape[:-1])
+    qs, cost, g, _ = run_swept(s, wenv, device, sweep_steps, max_dist=max_dist)
+    c_plain = ref.sphere_cost(s, [meshes], ETA, 1.0, max_dist)[0]
+    assert mask.mean() > 0.8 and np.sum(mask & (np.abs(c_ref - c_plain) > 1e-3)) >= 10
+    np.testing.assert_allclose(np_(cost)[mask], c_ref[mask], atol=COST_ATOL, rtol=1e-4)
+    np.testing.assert_allclose(np_(g[..., :3])[mask], g_ref[mask], atol=GRAD_ATOL, rtol=1e-4)
 
 
 def test_off_spheres_contribute_and_receive_nothing(device):
