@@ -610,14 +610,15 @@ def raw_mesh_table(b: Bench) -> None:
     _other_surfaces_table(b)
 
 
-def _other_surfaces_table(b: Bench) -> None:
+def _other_surfaces_table(b: Bench, only: tuple[str, ...] = ()) -> None:
     """Raw meshes that are no single closed shell: two-shell solids (pseudo-normal twins), closed
     surfaces of overlapping shells (winding-number twins under auto) and an open table scan (kept
     raw), against the full search of the same tensors and MeshWorld's auto on the same meshes
     (and, for the solids, MeshWorld's winding-number path that auto took for them before);
-    fwd+bwd on one thread."""
-    scenes_ = {"two-body links": scenes.two_body_meshes(), "two-part links": scenes.two_part_meshes(),
-               "table scan": [scenes.perception_mesh()]}
+    fwd+bwd on one thread. ``only``: the scenes to run (all when empty)."""
+    builders = {"two-body links": scenes.two_body_meshes, "two-part links": scenes.two_part_meshes,
+                "table scan": lambda: [scenes.perception_mesh()]}
+    scenes_ = {name: build() for name, build in builders.items() if not only or name in only}
     section(f"Raw meshes that are no single closed shell on {b.device}: twins, full search, MeshWorld auto")
     emit("two-body links: the 8 robot-like links with a 0.3-scale copy of each in the same mesh, 2 cm clear of it "
          "(two shells bounding one solid: pseudo-normal sign; MeshWorld auto: winding_number, flagged solid); "

@@ -110,6 +110,13 @@ def mesh_box_distance_sq(mesh: wp.uint64, p: wp.vec3) -> float:
     ...
 
 
+@wp.func_native("""return ((const wp::Mesh*)(mesh))->average_edge_length;""")
+def mesh_average_edge_length(mesh: wp.uint64) -> float:
+    """Warp's average edge length of the mesh, which scales the tie tolerance of its pseudo-normal
+    sign query (1e-3 of it)."""
+    ...
+
+
 @wp.func
 def winding_inside(mesh: wp.uint64, p: wp.vec3) -> bool:
     """Warp's winding-number sign (inside above WINDING_THRESHOLD at WINDING_ACCURACY), from the
@@ -1195,6 +1202,8 @@ def swept_slot_cost(
         last_s = float(0.0)
         last_abs = chain_abs
         last_inside = chain_inside
+        # last_abs is the exact distance of the last point evaluated (it was found).
+        last_exact = found != 0
         to_neighbour = wp.vec3(0.0, 0.0, 0.0)
         mask = int(0)
         side_batch = vec16()
@@ -1276,8 +1285,13 @@ def swept_slot_cost(
                     elif closed and not last_inside and last_abs + reach_b > (sk - last_s) * seg_len:
                         full = False
                 if not sign_closed:
-                    # The plain query of q (see above).
+                    # The plain query of q (see above), bounded by the last exact distance plus the
+                    # distance moved where that is nearer: the closest point lies within it, and a
+                    # bound beyond it by Warp's tie tolerance finds the same one (same sign).
                     search = max_dist + reach_b
+                    if last_exact:
+                        search = wp.min(search, (last_abs + (sk - last_s) * seg_len) * REACH_MARGIN + REACH_SLACK
+                                        + 3.0e-3 * mesh_average_edge_length(mesh))
                     known = reach_b
                 if full:
                     found_k, sd_k, grad_k = mesh_signed_distance(mesh, q, search, cull_radius, sign_method,
@@ -1294,6 +1308,7 @@ def swept_slot_cost(
                     clearance_k = sd_k - reach_b
                     last_abs = wp.abs(sd_k)
                     last_inside = sd_k < 0.0
+                last_exact = found_k != 0
                 last_s = sk
                 if sign_closed:
                     free_reach = wp.max(free_reach, sk * seg_len + clearance_k)
