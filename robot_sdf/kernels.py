@@ -1103,7 +1103,6 @@ def swept_slot_cost(
     # A stationary step keeps the plain query of p, so that it reproduces the plain cost bit for bit.
     batched = sign_closed and (winding or (method == SIGN_NORMAL and data >= 0)) and n_sides > 0 and (
         (has_prev == 1 and wp.length_sq(seg_prev) > 0.0) or (has_next == 1 and wp.length_sq(seg_next) > 0.0))
-    closed = bool(False)
     inv_2k = float(0.0)
     n_first = int(0)
     batch = vec16()
@@ -1121,7 +1120,6 @@ def swept_slot_cost(
     if batched:
         # p (within its bound) and the samples of both sides (within r + eta: their cost needs
         # nothing farther) in one traversal.
-        closed = wp.mesh_get(mesh).velocities[data + 3][1] != 0.0
         inv_2k = 1.0 / (2.0 * float(sweep_steps))
         n_first = wp.min(sweep_steps, SWEPT_SIDE_BATCH)
         batch = mesh_closest_points(mesh, p, bound_p, seg_prev, inv_2k, has_prev * n_first, seg_next, inv_2k,
@@ -1171,11 +1169,7 @@ def swept_slot_cost(
         if not sign_closed:
             need_p = reach_b
         found, sd, grad_sd = mesh_signed_distance(mesh, p, bound_p, cull_radius, sign_method, need_p)
-        if sign_closed:
-            bound_p = need_p
-        else:
-            # No clearance: nothing frees a sample.
-            bound_p = reach_b
+        bound_p = need_p
     clearance = bound_p - reach_b
     chain_abs = bound_p
     chain_inside = bool(False)
@@ -1183,7 +1177,7 @@ def swept_slot_cost(
         dc = float(0.0)
         c0, dc = penetration_cost(sd, radius, eta)
         g0 = grad_sd * (-dc)
-        clearance = wp.where(sign_closed, sd - reach_b, 0.0)
+        clearance = sd - reach_b
         chain_abs = wp.abs(sd)
         chain_inside = sd < 0.0
     if n_sides == 0:
@@ -1212,7 +1206,8 @@ def swept_slot_cost(
         for k in range(1, sweep_steps + 1):
             sk = float(k) * inv_2k
             wk = swept_sample_weight(k, sweep_steps, n_sides)
-            if sk * seg_len < free_reach:
+            # Where the sign is not a closed surface's, no clearance frees a sample (see above).
+            if sign_closed and sk * seg_len < free_reach:
                 delta -= wk * c0
                 continue
             ck = float(0.0)
@@ -1282,7 +1277,7 @@ def swept_slot_cost(
                         sd_k, grad_k = signed_result(d_vec, dist, inside, outward)
                         found_k = 1
                         full = False
-                    elif closed and not last_inside and last_abs + reach_b > (sk - last_s) * seg_len:
+                    elif not last_inside and last_abs + reach_b > (sk - last_s) * seg_len:
                         full = False
                 if not sign_closed:
                     # The plain query of q (see above), bounded by the last exact distance plus the
@@ -1292,7 +1287,6 @@ def swept_slot_cost(
                     if last_exact:
                         search = wp.min(search, (last_abs + (sk - last_s) * seg_len) * REACH_MARGIN + REACH_SLACK
                                         + 3.0e-3 * mesh_average_edge_length(mesh))
-                    known = reach_b
                 if full:
                     found_k, sd_k, grad_k = mesh_signed_distance(mesh, q, search, cull_radius, sign_method,
                                                                  wp.where(sign_closed, search, reach_b))
@@ -1310,8 +1304,7 @@ def swept_slot_cost(
                     last_inside = sd_k < 0.0
                 last_exact = found_k != 0
                 last_s = sk
-                if sign_closed:
-                    free_reach = wp.max(free_reach, sk * seg_len + clearance_k)
+                free_reach = wp.max(free_reach, sk * seg_len + clearance_k)
             delta += wk * (ck - c0)
             own += gk * (wk * (1.0 - sk))
             to_neighbour += gk * (wk * sk)
