@@ -814,6 +814,88 @@ float off[16];
 float fs1[16];
 float fs2[16];
 int best_face[16];
+// Warp's sign rule (warp_sign, mesh_query_point_sign_normal): per point the distance of its
+// closest face so far (its bound while none) and the faces within Warp's tie tolerance of it;
+// best is then the squared pruning radius (closest + tie).
+const float tie = warp_sign ? m.average_edge_length * 1.0e-3f : 0.0f;
+float closest[16];
+float acc_x[16];
+float acc_y[16];
+float acc_z[16];
+// The ties of each point since its last strictly closer face, kept as face indices and weighed
+// when the traversal is done (most faces a point takes are passed by a closer one later); the
+// ties beyond WARP_TIES are weighed at once.
+#define WARP_TIES 6
+int ties[16][WARP_TIES];
+int n_ties[16];
+// Warp's weighted normal of a face for a point: the angle of the feature nearest to the point's
+// closest point on it (a corner's angle, pi on an edge, 2 pi inside) times its unit normal.
+auto warp_weighted_normal = [&](int tri, const wp::vec3& pt) {
+    const wp::vec3 p = m.points[m.indices[tri * 3 + 0]];
+    const wp::vec3 q = m.points[m.indices[tri * 3 + 1]];
+    const wp::vec3 r = m.points[m.indices[tri * 3 + 2]];
+    const wp::vec3 e0 = q - p;
+    const wp::vec3 e1 = r - p;
+    const wp::vec3 e2 = r - q;
+    const wp::vec2 bary = wp::closest_point_to_triangle(p, q, r, pt);
+    const float tie_sq = tie * tie;
+    const float u = bary[0];
+    const float v = bary[1];
+    const float w = 1.0f - u - v;
+    const wp::vec3 c = u * p + v * q + w * r;
+    const wp::vec3 cp = c - p;
+    const wp::vec3 cq = c - q;
+    const wp::vec3 cr = c - r;
+    const float cp_sq = wp::length_sq(cp);
+    const float cq_sq = wp::length_sq(cq);
+    const float cr_sq = wp::length_sq(cr);
+    float weight;
+    if (cp_sq < tie_sq) {
+        weight = acosf(wp::dot(wp::normalize(e0), wp::normalize(e1)));
+    } else if (cq_sq < tie_sq) {
+        weight = acosf(wp::dot(wp::normalize(e2), wp::normalize(-e0)));
+    } else if (cr_sq < tie_sq) {
+        weight = acosf(wp::dot(wp::normalize(-e1), wp::normalize(-e2)));
+    } else {
+        const float e0_sq = wp::dot(e0, e0);
+        const float e1_sq = wp::dot(e1, e1);
+        const float e2_sq = wp::dot(e2, e2);
+        const float e0cp = wp::dot(e0, cp);
+        const float e2cq = wp::dot(e2, cq);
+        const float e1cp = wp::dot(e1, cp);
+        const bool on_edge = cp_sq * e0_sq - e0cp * e0cp < tie_sq * e0_sq
+            || cq_sq * e2_sq - e2cq * e2cq < tie_sq * e2_sq || cp_sq * e1_sq - e1cp * e1cp < tie_sq * e1_sq;
+        weight = on_edge ? 3.14159265359f : 2.0f * 3.14159265359f;
+    }
+    return weight * wp::normalize(wp::cross(e0, e1));
+};
+// A face within the pruning radius of point j: it joins the ties within the tolerance of the
+// closest face, or, closer by more than the tolerance, starts them anew.
+auto take_warp_candidate = [&](int j, int tri, float dist) {
+    if (dist > closest[j] - tie) {
+        if (n_ties[j] < WARP_TIES) {
+            ties[j][n_ties[j]++] = tri;
+        } else {
+            const wp::vec3 n = warp_weighted_normal(tri, wp::vec3(px[j], py[j], pz[j]));
+            acc_x[j] += n[0];
+            acc_y[j] += n[1];
+            acc_z[j] += n[2];
+        }
+        if (dist < closest[j]) {
+            closest[j] = dist;
+            best_face[j] = tri;
+        }
+    } else {
+        closest[j] = dist;
+        best_face[j] = tri;
+        ties[j][0] = tri;
+        n_ties[j] = 1;
+        acc_x[j] = 0.0f;
+        acc_y[j] = 0.0f;
+        acc_z[j] = 0.0f;
+    }
+    best[j] = (closest[j] + tie) * (closest[j] + tie);
+};
 for (int j = 0; j < 16; ++j) {
     px[j] = a[0];
     py[j] = a[1];
@@ -823,8 +905,14 @@ for (int j = 0; j < 16; ++j) {
     fs1[j] = 0.0f;
     fs2[j] = 0.0f;
     best_face[j] = -1;
+    closest[j] = 0.0f;
+    n_ties[j] = 0;
+    acc_x[j] = 0.0f;
+    acc_y[j] = 0.0f;
+    acc_z[j] = 0.0f;
 }
-best[0] = bound_a > 0.0f ? bound_a * bound_a : 0.0f;
+closest[0] = bound_a;
+best[0] = bound_a > 0.0f ? (bound_a + tie) * (bound_a + tie) : 0.0f;
 wp::vec3 lo = a;
 wp::vec3 hi = a;
 float worst = best[0];
@@ -846,7 +934,8 @@ for (int j = 1; j < count_pts; ++j) {
         const float lip = (base + off[j]) * 1.0001f + 1.0e-6f;
         b = base_inside ? lip : wp::min(reach, lip);
     }
-    best[j] = b * b;
+    closest[j] = b;
+    best[j] = (b + tie) * (b + tie);
     lo = wp::min(lo, pt);
     hi = wp::max(hi, pt);
     worst = wp::max(worst, best[j]);
@@ -891,9 +980,13 @@ while (count) {
             const float a_sq = wp::length_sq(from_c);
             const float a_dist = wp::sqrt(a_sq);
             if ((in_reach & 1u) && a_sq < best[0]) {
-                best[0] = a_sq;
-                best_face[0] = tri;
-                if (base_inside) {
+                if (warp_sign)
+                    take_warp_candidate(0, tri, a_dist);
+                else {
+                    best[0] = a_sq;
+                    best_face[0] = tri;
+                }
+                if (base_inside && !warp_sign) {
                     // Each point's closest surface point is within a's best so far plus its
                     // offset (1-Lipschitz): a loose base tightens as a's search goes.
                     for (int j = 1; j < count_pts; ++j) {
@@ -930,8 +1023,12 @@ while (count) {
                 const wp::vec3 c = bary[0] * p + bary[1] * q + (1.0f - bary[0] - bary[1]) * r;
                 const float dist_sq = wp::length_sq(c - pt);
                 if (dist_sq < best[j]) {
-                    best[j] = dist_sq;
-                    best_face[j] = tri;
+                    if (warp_sign)
+                        take_warp_candidate(j, tri, wp::sqrt(dist_sq));
+                    else {
+                        best[j] = dist_sq;
+                        best_face[j] = tri;
+                    }
                 }
             }
         }
@@ -969,15 +1066,51 @@ while (count) {
     }
 }
 #undef SWEPT_LANES
+#undef WARP_TIES
 wp::vec_t<16, float> out;
 for (int j = 0; j < 16; ++j) {
     union { int i; float f; } bits;
     bits.i = j < count_pts ? best_face[j] : -1;
+    if (warp_sign && bits.i >= 0) {
+        // Warp's sign: inside where the accumulated normal faces away from the point.
+        const int tri = bits.i;
+        const wp::vec3 p = m.points[m.indices[tri * 3 + 0]];
+        const wp::vec3 q = m.points[m.indices[tri * 3 + 1]];
+        const wp::vec3 r = m.points[m.indices[tri * 3 + 2]];
+        const wp::vec3 pt(px[j], py[j], pz[j]);
+        const wp::vec2 bary = wp::closest_point_to_triangle(p, q, r, pt);
+        // Warp's closest point, weights rounded as it rounds them.
+        const float v = bary[1];
+        const float w = 1.0f - bary[0] - bary[1];
+        const wp::vec3 to_point = pt - (p * (1.0f - v - w) + q * v + r * w);
+        // Where every tie's normal faces the same way, so does their weighted sum (the weights
+        // are positive); only ties that disagree are weighed.
+        bool outside = true;
+        bool agree = acc_x[j] == 0.0f && acc_y[j] == 0.0f && acc_z[j] == 0.0f;
+        for (int t = 0; t < n_ties[j] && agree; ++t) {
+            const int f = ties[j][t];
+            const wp::vec3 fp = m.points[m.indices[f * 3 + 0]];
+            const float side = wp::dot(wp::cross(m.points[m.indices[f * 3 + 1]] - fp,
+                                                 m.points[m.indices[f * 3 + 2]] - fp), to_point);
+            if (t == 0)
+                outside = side > 0.0f;
+            agree = side != 0.0f && (side > 0.0f) == outside;
+        }
+        if (!agree) {
+            wp::vec3 acc(acc_x[j], acc_y[j], acc_z[j]);
+            for (int t = 0; t < n_ties[j]; ++t)
+                acc += warp_weighted_normal(ties[j][t], pt);
+            outside = wp::dot(acc, to_point) > 0.0f;
+        }
+        if (!outside)
+            bits.i |= 1 << 30;
+    }
     out[j] = bits.f;
 }
 return out;""")
 def mesh_closest_points(mesh: wp.uint64, a: wp.vec3, bound_a: float, d1: wp.vec3, s1: float, n1: int, d2: wp.vec3,
-                        s2: float, n2: int, ds: float, reach: float, base: float, base_inside: bool) -> vec16:
+                        s2: float, n2: int, ds: float, reach: float, base: float, base_inside: bool,
+                        warp_sign: bool) -> vec16:
     """Closest triangles of up to 16 points in one traversal of the mesh's BVH: entry 0 for a
     within ``bound_a`` (not searched when bound_a <= 0), entries 1..n1 for a + d1 (s1 + i ds),
     the next n2 for a + d2 (s2 + i ds), i = 0, 1, ... (n1 + n2 <= SWEPT_BATCH). Each of those is
@@ -990,13 +1123,27 @@ def mesh_closest_points(mesh: wp.uint64, a: wp.vec3, bound_a: float, d1: wp.vec3
     tests against a box or a triangle's tangent bound run over 16 fixed lanes without branches
     (the CPU compiler vectorises them); only the points that pass get a closest-point test.
     Entries hold the triangle's index as float bits (face_of reads them), -1 for none. Candidates are those of Warp's mesh_query_point_no_sign (slivers
-    skipped alike)."""
+    skipped alike).
+
+    With ``warp_sign`` each point found is signed as Warp's mesh_query_point_sign_normal signs
+    it (warp_inside reads it): by the angle-weighted normals of the faces within its tie
+    tolerance (1e-3 of the mesh's average edge length) of the closest one, weighed only where
+    their normals disagree. The traversal differs from Warp's, so where faces tie in a chain
+    wider than the tolerance the sign may differ from Warp's own (Warp's depends on its visit
+    order there). Where a is inside and ``base_inside``, the others' bounds tighten as a's
+    search narrows (the distance is 1-Lipschitz); elsewhere that cost more than it saved."""
     ...
 
 
-@wp.func_native("""union { float f; int i; } bits; bits.f = x; return bits.i;""")
+@wp.func_native("""union { float f; int i; } bits; bits.f = x; return bits.i < 0 ? -1 : bits.i & ~(1 << 30);""")
 def face_of(x: float) -> int:
-    """The int whose bits mesh_closest_points stored in a float entry."""
+    """The triangle whose index mesh_closest_points stored in a float entry, -1 for none."""
+    ...
+
+
+@wp.func_native("""union { float f; int i; } bits; bits.f = x; return bits.i >= 0 && (bits.i & (1 << 30)) ? -1.f : 1.f;""")
+def warp_inside(x: float) -> float:
+    """Warp's sign of an entry that mesh_closest_points found with warp_sign: -1 inside (else 1)."""
     ...
 
 
@@ -1023,14 +1170,14 @@ def side_bit(k: int) -> int:
 
 
 @wp.func
-def batched_feature(mesh: wp.uint64, q: wp.vec3, face: int, data: int, winding: bool):
-    """closest_feature of a point whose closest triangle a shared traversal found, signed by the
-    pseudo-normal, or on a winding-number mesh by its winding number at q."""
-    inside = float(1.0)
+def batched_feature(mesh: wp.uint64, q: wp.vec3, face: int, warp_sign: float, data: int, winding: bool):
+    """closest_feature of a point whose closest triangle a shared traversal found, signed by
+    robot_sdf's pseudo-normal, on a winding-number mesh by its winding number at q, and on a mesh
+    without sign data by Warp's sign (``warp_sign``: mesh_closest_points' with warp_sign)."""
+    inside = warp_sign
     if winding:
-        if winding_inside(mesh, q):
-            inside = -1.0
-    return closest_feature(mesh, q, face, inside, data, not winding)
+        inside = wp.where(winding_inside(mesh, q), -1.0, 1.0)
+    return closest_feature(mesh, q, face, inside, data, not winding and data >= 0)
 
 
 @wp.func
@@ -1097,12 +1244,22 @@ def swept_slot_cost(
         # and no point of the slot can be inside (the mesh itself is not touched).
         if wp.length(p) > cull_radius + bound_p + half_len:
             return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
-    # A closed winding-number surface (several, overlapping or nested shells: the box bounds its
-    # inside) shares the traversal too; the winding number at each point found gives the sign.
-    winding = method == SIGN_WINDING_NUMBER and data >= 0 and sign_closed
+    # A winding-number surface (closed: several, overlapping or nested shells, the box bounds its
+    # inside; or open) shares the traversal too; the winding number at each point found gives the sign.
+    winding = method == SIGN_WINDING_NUMBER and data >= 0
     # A stationary step keeps the plain query of p, so that it reproduces the plain cost bit for bit.
-    batched = sign_closed and (winding or (method == SIGN_NORMAL and data >= 0)) and n_sides > 0 and (
+    moving = n_sides > 0 and (
         (has_prev == 1 and wp.length_sq(seg_prev) > 0.0) or (has_next == 1 and wp.length_sq(seg_next) > 0.0))
+    batched = sign_closed and (winding or (method == SIGN_NORMAL and data >= 0)) and moving
+    # Where the sign is not a closed surface's, every sample takes the plain query; p and the
+    # samples share a traversal all the same where the sign comes from the closest triangle
+    # (robot_sdf's pseudo-normal; Warp's normal sign on meshes without sign data, reproduced by
+    # mesh_closest_points) or is the winding number, each point within its plain query's bound
+    # (the winding number's: r + eta, as mesh_signed_distance searches it first) or within the
+    # Lipschitz bound from p. A point found nothing for takes the plain query.
+    open_batched = (not sign_closed) and (winding or method == SIGN_NORMAL) and moving
+    open_reach = wp.where(winding, reach_b * REACH_MARGIN + REACH_SLACK, bound_p)
+    warp_sign = open_batched and data < 0
     inv_2k = float(0.0)
     n_first = int(0)
     batch = vec16()
@@ -1117,19 +1274,20 @@ def swept_slot_cost(
     deep_hi0 = int(0)
     deep_lo1 = int(0)
     deep_hi1 = int(0)
-    if batched:
-        # p (within its bound) and the samples of both sides (within r + eta: their cost needs
-        # nothing farther) in one traversal.
+    if batched or open_batched:
+        # p (within its bound) and the samples of both sides (closed: within r + eta, their cost
+        # needs nothing farther) in one traversal.
         inv_2k = 1.0 / (2.0 * float(sweep_steps))
         n_first = wp.min(sweep_steps, SWEPT_SIDE_BATCH)
-        batch = mesh_closest_points(mesh, p, bound_p, seg_prev, inv_2k, has_prev * n_first, seg_next, inv_2k,
-                                    has_next * n_first, inv_2k, reach_b, -1.0, False)
+        batch = mesh_closest_points(mesh, p, wp.where(batched, bound_p, open_reach), seg_prev, inv_2k,
+                                    has_prev * n_first, seg_next, inv_2k, has_next * n_first, inv_2k,
+                                    wp.where(batched, reach_b, open_reach), -1.0, False, warp_sign)
         face = face_of(batch[0])
         if face >= 0:
-            d_vec, dist, inside, outward = batched_feature(mesh, p, face, data, winding)
+            d_vec, dist, inside, outward = batched_feature(mesh, p, face, warp_inside(batch[0]), data, winding)
             sd, grad_sd = signed_result(d_vec, dist, inside, outward)
             found = 1
-        else:
+        elif batched:
             # Nothing within bound_p: outside unless p is deep inside, which only a point in the
             # mesh's box can be (mesh_signed_distance's inside test). One ray decides; where p
             # may be inside, p and the samples of both sides are searched in one traversal, the
@@ -1147,7 +1305,7 @@ def swept_slot_cost(
                     search = closed_inside_bound(mesh, p)
             if search > 0.0:
                 deep_batch = mesh_closest_points(mesh, p, search, seg_prev, inv_2k, has_prev * n_first, seg_next,
-                                                 inv_2k, has_next * n_first, inv_2k, reach_b, search, True)
+                                                 inv_2k, has_next * n_first, inv_2k, reach_b, search, True, False)
                 face = face_of(deep_batch[0])
                 if face >= 0:
                     # inside: the winding number said so (pseudo False keeps it), or the pseudo-normal says
@@ -1161,14 +1319,15 @@ def swept_slot_cost(
                         deep_hi0 = 1 + has_prev * n_first
                         deep_lo1 = 1
                         deep_hi1 = 1 + has_next * n_first
-    else:
+    if not batched:
         # p's result is needed within r + eta (its cost) and, as a clearance, out to the farthest
         # sample (half_len): where mesh_signed_distance may search within need first, nothing
         # found there still frees every sample (the clearance below exceeds half_len).
         need_p = wp.min(bound_p, reach_b + half_len * REACH_MARGIN + REACH_SLACK)
         if not sign_closed:
             need_p = reach_b
-        found, sd, grad_sd = mesh_signed_distance(mesh, p, bound_p, cull_radius, sign_method, need_p)
+        if found == 0:
+            found, sd, grad_sd = mesh_signed_distance(mesh, p, bound_p, cull_radius, sign_method, need_p)
         bound_p = need_p
     clearance = bound_p - reach_b
     chain_abs = bound_p
@@ -1225,23 +1384,27 @@ def swept_slot_cost(
                 found_k = int(0)
                 sd_k = float(0.0)
                 grad_k = wp.vec3(0.0, 0.0, 0.0)
-                if batched:
-                    # Searched within r + eta already: a full test only asks whether it is inside.
-                    search = 0.0
-                    known = reach_b
+                if batched or open_batched:
+                    if batched:
+                        # Searched within r + eta already: a full test only asks whether it is inside.
+                        search = 0.0
+                        known = reach_b
                     face = int(-1)
+                    entry = float(0.0)
                     covered = k >= batch_start and k < batch_end
                     in_deep = (side == 0 and k >= deep_lo0 and k < deep_hi0) or (
                         side == 1 and k >= deep_lo1 and k < deep_hi1)
                     if covered:
-                        face = face_of(side_batch[1 + k - batch_start])
+                        entry = side_batch[1 + k - batch_start]
+                        face = face_of(entry)
                     elif in_deep:
-                        face = face_of(deep_batch[wp.where(side == 0, 1 + k - deep_lo0,
-                                                           1 + deep_hi0 - deep_lo0 + k - deep_lo1)])
+                        entry = deep_batch[wp.where(side == 0, 1 + k - deep_lo0, 1 + deep_hi0 - deep_lo0 + k - deep_lo1)]
+                        face = face_of(entry)
                     elif k <= n_first:
-                        face = face_of(batch[first_entry + k])
-                    if face < 0 and not covered and not in_deep and k <= n_first and chain_inside and last_inside \
-                            and not deep_done:
+                        entry = batch[first_entry + k]
+                        face = face_of(entry)
+                    if batched and face < 0 and not covered and not in_deep and k <= n_first and chain_inside \
+                            and last_inside and not deep_done:
                         # p is inside deeper than r + eta: this side's samples from here on and, when
                         # the other side's first sample found nothing within r + eta either, that
                         # side's samples, in one traversal (each within the Lipschitz bound from p:
@@ -1259,25 +1422,29 @@ def swept_slot_cost(
                             deep_hi1 = n_first + 1
                         deep_batch = mesh_closest_points(mesh, p, 0.0, seg_prev, float(deep_lo0) * inv_2k,
                                                          deep_hi0 - deep_lo0, seg_next, float(deep_lo1) * inv_2k,
-                                                         deep_hi1 - deep_lo1, inv_2k, reach_b, chain_abs, True)
-                        face = face_of(deep_batch[1])
+                                                         deep_hi1 - deep_lo1, inv_2k, reach_b, chain_abs, True, False)
+                        entry = deep_batch[1]
+                        face = face_of(entry)
                         in_deep = True
-                    if face < 0 and not covered and not in_deep and (k > n_first or (chain_inside and last_inside)):
+                    if face < 0 and not covered and not in_deep and (
+                            k > n_first or (batched and chain_inside and last_inside)):
                         # The samples from here on, in one more traversal: beyond the first batch,
                         # or p is inside deeper than r + eta (each sample is then searched within
                         # the Lipschitz bound from p: found for sure, no ray).
                         batch_start = k
                         batch_end = wp.min(sweep_steps + 1, k + SWEPT_BATCH)
                         side_batch = mesh_closest_points(mesh, p, 0.0, segment, sk, batch_end - k, segment, 0.0, 0,
-                                                         inv_2k, reach_b, wp.where(found != 0, chain_abs, -1.0),
-                                                         chain_inside)
-                        face = face_of(side_batch[1])
+                                                         inv_2k, wp.where(batched, reach_b, open_reach),
+                                                         wp.where(found != 0, chain_abs, -1.0), batched and chain_inside,
+                                                         warp_sign)
+                        entry = side_batch[1]
+                        face = face_of(entry)
                     if face >= 0:
-                        d_vec, dist, inside, outward = batched_feature(mesh, q, face, data, winding)
+                        d_vec, dist, inside, outward = batched_feature(mesh, q, face, warp_inside(entry), data, winding)
                         sd_k, grad_k = signed_result(d_vec, dist, inside, outward)
                         found_k = 1
                         full = False
-                    elif not last_inside and last_abs + reach_b > (sk - last_s) * seg_len:
+                    elif batched and not last_inside and last_abs + reach_b > (sk - last_s) * seg_len:
                         full = False
                 if not sign_closed:
                     # The plain query of q (see above), bounded by the last exact distance plus the
