@@ -1231,7 +1231,8 @@ def swept_slot_cost(
     # surfaces; the winding number of an open surface, which passes 0.5 off the surface) a point
     # free of the surface may still be inside, so the clearance of a point frees no sample, and
     # p and every sample take the plain query (max_dist + r + eta), which makes the step's cost
-    # the mean of the plain costs at its samples, as defined.
+    # the mean of the plain costs at its samples, as defined. (The kernel hands moving steps on
+    # such meshes to open_swept_slot_cost where the sign lets their points share traversals.)
     sign_closed = raw_closed
     if data >= 0:
         sign_closed = wp.mesh_get(mesh).velocities[data + 3][1] != 0.0
@@ -1244,22 +1245,12 @@ def swept_slot_cost(
         # and no point of the slot can be inside (the mesh itself is not touched).
         if wp.length(p) > cull_radius + bound_p + half_len:
             return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
-    # A winding-number surface (closed: several, overlapping or nested shells, the box bounds its
-    # inside; or open) shares the traversal too; the winding number at each point found gives the sign.
-    winding = method == SIGN_WINDING_NUMBER and data >= 0
+    # A closed winding-number surface (several, overlapping or nested shells: the box bounds its
+    # inside) shares the traversal too; the winding number at each point found gives the sign.
+    winding = method == SIGN_WINDING_NUMBER and data >= 0 and sign_closed
     # A stationary step keeps the plain query of p, so that it reproduces the plain cost bit for bit.
-    moving = n_sides > 0 and (
+    batched = sign_closed and (winding or (method == SIGN_NORMAL and data >= 0)) and n_sides > 0 and (
         (has_prev == 1 and wp.length_sq(seg_prev) > 0.0) or (has_next == 1 and wp.length_sq(seg_next) > 0.0))
-    batched = sign_closed and (winding or (method == SIGN_NORMAL and data >= 0)) and moving
-    # Where the sign is not a closed surface's, every sample takes the plain query; p and the
-    # samples share a traversal all the same where the sign comes from the closest triangle
-    # (robot_sdf's pseudo-normal; Warp's normal sign on meshes without sign data, reproduced by
-    # mesh_closest_points) or is the winding number, each point within its plain query's bound
-    # (the winding number's: r + eta, as mesh_signed_distance searches it first) or within the
-    # Lipschitz bound from p. A point found nothing for takes the plain query.
-    open_batched = (not sign_closed) and (winding or method == SIGN_NORMAL) and moving
-    open_reach = wp.where(winding, reach_b * REACH_MARGIN + REACH_SLACK, bound_p)
-    warp_sign = open_batched and data < 0
     inv_2k = float(0.0)
     n_first = int(0)
     batch = vec16()
@@ -1274,20 +1265,19 @@ def swept_slot_cost(
     deep_hi0 = int(0)
     deep_lo1 = int(0)
     deep_hi1 = int(0)
-    if batched or open_batched:
-        # p (within its bound) and the samples of both sides (closed: within r + eta, their cost
-        # needs nothing farther) in one traversal.
+    if batched:
+        # p (within its bound) and the samples of both sides (within r + eta: their cost needs
+        # nothing farther) in one traversal.
         inv_2k = 1.0 / (2.0 * float(sweep_steps))
         n_first = wp.min(sweep_steps, SWEPT_SIDE_BATCH)
-        batch = mesh_closest_points(mesh, p, wp.where(batched, bound_p, open_reach), seg_prev, inv_2k,
-                                    has_prev * n_first, seg_next, inv_2k, has_next * n_first, inv_2k,
-                                    wp.where(batched, reach_b, open_reach), -1.0, False, warp_sign)
+        batch = mesh_closest_points(mesh, p, bound_p, seg_prev, inv_2k, has_prev * n_first, seg_next, inv_2k,
+                                    has_next * n_first, inv_2k, reach_b, -1.0, False, False)
         face = face_of(batch[0])
         if face >= 0:
-            d_vec, dist, inside, outward = batched_feature(mesh, p, face, warp_inside(batch[0]), data, winding)
+            d_vec, dist, inside, outward = batched_feature(mesh, p, face, 1.0, data, winding)
             sd, grad_sd = signed_result(d_vec, dist, inside, outward)
             found = 1
-        elif batched:
+        else:
             # Nothing within bound_p: outside unless p is deep inside, which only a point in the
             # mesh's box can be (mesh_signed_distance's inside test). One ray decides; where p
             # may be inside, p and the samples of both sides are searched in one traversal, the
@@ -1319,15 +1309,14 @@ def swept_slot_cost(
                         deep_hi0 = 1 + has_prev * n_first
                         deep_lo1 = 1
                         deep_hi1 = 1 + has_next * n_first
-    if not batched:
+    else:
         # p's result is needed within r + eta (its cost) and, as a clearance, out to the farthest
         # sample (half_len): where mesh_signed_distance may search within need first, nothing
         # found there still frees every sample (the clearance below exceeds half_len).
         need_p = wp.min(bound_p, reach_b + half_len * REACH_MARGIN + REACH_SLACK)
         if not sign_closed:
             need_p = reach_b
-        if found == 0:
-            found, sd, grad_sd = mesh_signed_distance(mesh, p, bound_p, cull_radius, sign_method, need_p)
+        found, sd, grad_sd = mesh_signed_distance(mesh, p, bound_p, cull_radius, sign_method, need_p)
         bound_p = need_p
     clearance = bound_p - reach_b
     chain_abs = bound_p
@@ -1384,27 +1373,23 @@ def swept_slot_cost(
                 found_k = int(0)
                 sd_k = float(0.0)
                 grad_k = wp.vec3(0.0, 0.0, 0.0)
-                if batched or open_batched:
-                    if batched:
-                        # Searched within r + eta already: a full test only asks whether it is inside.
-                        search = 0.0
-                        known = reach_b
+                if batched:
+                    # Searched within r + eta already: a full test only asks whether it is inside.
+                    search = 0.0
+                    known = reach_b
                     face = int(-1)
-                    entry = float(0.0)
                     covered = k >= batch_start and k < batch_end
                     in_deep = (side == 0 and k >= deep_lo0 and k < deep_hi0) or (
                         side == 1 and k >= deep_lo1 and k < deep_hi1)
                     if covered:
-                        entry = side_batch[1 + k - batch_start]
-                        face = face_of(entry)
+                        face = face_of(side_batch[1 + k - batch_start])
                     elif in_deep:
-                        entry = deep_batch[wp.where(side == 0, 1 + k - deep_lo0, 1 + deep_hi0 - deep_lo0 + k - deep_lo1)]
-                        face = face_of(entry)
+                        face = face_of(deep_batch[wp.where(side == 0, 1 + k - deep_lo0,
+                                                           1 + deep_hi0 - deep_lo0 + k - deep_lo1)])
                     elif k <= n_first:
-                        entry = batch[first_entry + k]
-                        face = face_of(entry)
-                    if batched and face < 0 and not covered and not in_deep and k <= n_first and chain_inside \
-                            and last_inside and not deep_done:
+                        face = face_of(batch[first_entry + k])
+                    if face < 0 and not covered and not in_deep and k <= n_first and chain_inside and last_inside \
+                            and not deep_done:
                         # p is inside deeper than r + eta: this side's samples from here on and, when
                         # the other side's first sample found nothing within r + eta either, that
                         # side's samples, in one traversal (each within the Lipschitz bound from p:
@@ -1423,28 +1408,24 @@ def swept_slot_cost(
                         deep_batch = mesh_closest_points(mesh, p, 0.0, seg_prev, float(deep_lo0) * inv_2k,
                                                          deep_hi0 - deep_lo0, seg_next, float(deep_lo1) * inv_2k,
                                                          deep_hi1 - deep_lo1, inv_2k, reach_b, chain_abs, True, False)
-                        entry = deep_batch[1]
-                        face = face_of(entry)
+                        face = face_of(deep_batch[1])
                         in_deep = True
-                    if face < 0 and not covered and not in_deep and (
-                            k > n_first or (batched and chain_inside and last_inside)):
+                    if face < 0 and not covered and not in_deep and (k > n_first or (chain_inside and last_inside)):
                         # The samples from here on, in one more traversal: beyond the first batch,
                         # or p is inside deeper than r + eta (each sample is then searched within
                         # the Lipschitz bound from p: found for sure, no ray).
                         batch_start = k
                         batch_end = wp.min(sweep_steps + 1, k + SWEPT_BATCH)
                         side_batch = mesh_closest_points(mesh, p, 0.0, segment, sk, batch_end - k, segment, 0.0, 0,
-                                                         inv_2k, wp.where(batched, reach_b, open_reach),
-                                                         wp.where(found != 0, chain_abs, -1.0), batched and chain_inside,
-                                                         warp_sign)
-                        entry = side_batch[1]
-                        face = face_of(entry)
+                                                         inv_2k, reach_b, wp.where(found != 0, chain_abs, -1.0),
+                                                         chain_inside, False)
+                        face = face_of(side_batch[1])
                     if face >= 0:
-                        d_vec, dist, inside, outward = batched_feature(mesh, q, face, warp_inside(entry), data, winding)
+                        d_vec, dist, inside, outward = batched_feature(mesh, q, face, 1.0, data, winding)
                         sd_k, grad_k = signed_result(d_vec, dist, inside, outward)
                         found_k = 1
                         full = False
-                    elif batched and not last_inside and last_abs + reach_b > (sk - last_s) * seg_len:
+                    elif not last_inside and last_abs + reach_b > (sk - last_s) * seg_len:
                         full = False
                 if not sign_closed:
                     # The plain query of q (see above), bounded by the last exact distance plus the
@@ -1482,6 +1463,145 @@ def swept_slot_cost(
             to_next = to_neighbour
             mask_next = mask
     return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
+
+
+@wp.func
+def open_swept_slot_cost(
+    mesh: wp.uint64,
+    cull_radius: float,
+    sign_method: int,
+    p: wp.vec3,
+    seg_prev: wp.vec3,
+    seg_next: wp.vec3,
+    has_prev: int,
+    has_next: int,
+    radius: float,
+    eta: float,
+    max_dist: float,
+    sweep_steps: int,
+    n_sides: int,
+):
+    """swept_slot_cost on a mesh whose sign is not a closed surface's (open_swept_sign) and a
+    moving step: the same results (every sample takes the plain query; nothing is skipped), with
+    p and the samples searched in shared traversals (mesh_closest_points: on a mesh without sign
+    data signed as Warp's normal sign signs them, else by robot_sdf's pseudo-normal or the winding
+    number at each point found), each point within its plain query's first bound (the winding
+    number's r + eta, else max_dist + r + eta). A point found nothing for takes the plain query,
+    bounded by its side's last exact distance plus the distance moved (plus Warp's tie tolerance).
+    """
+    c0 = float(0.0)
+    g0 = wp.vec3(0.0, 0.0, 0.0)
+    delta = float(0.0)
+    own = wp.vec3(0.0, 0.0, 0.0)
+    to_prev = wp.vec3(0.0, 0.0, 0.0)
+    to_next = wp.vec3(0.0, 0.0, 0.0)
+    mask_prev = int(0)
+    mask_next = int(0)
+    reach_b = radius + eta
+    bound = max_dist + reach_b
+    half_len = wp.max(float(has_prev) * wp.length(seg_prev), float(has_next) * wp.length(seg_next)) * 0.5
+    if cull_radius > 0.0:
+        if wp.length(p) > cull_radius + bound + half_len:
+            return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
+    data, method, raw_closed = mesh_sign_method(mesh, sign_method)
+    winding = method == SIGN_WINDING_NUMBER and data >= 0
+    reach = wp.where(winding, reach_b * REACH_MARGIN + REACH_SLACK, bound)
+    inv_2k = 1.0 / (2.0 * float(sweep_steps))
+    n_first = wp.min(sweep_steps, SWEPT_SIDE_BATCH)
+    batch = mesh_closest_points(mesh, p, reach, seg_prev, inv_2k, has_prev * n_first, seg_next, inv_2k,
+                                has_next * n_first, inv_2k, reach, -1.0, False, data < 0)
+    tie_margin = 3.0e-3 * mesh_average_edge_length(mesh)
+    side_batch = vec16()
+    batch_start = int(0)
+    batch_end = int(0)
+    p_abs = float(-1.0)
+    last_abs = float(-1.0)
+    last_s = float(0.0)
+    to_neighbour = wp.vec3(0.0, 0.0, 0.0)
+    mask = int(0)
+    # Point 0 is p, then side 0's samples k = 1..K, then side 1's: one evaluation site for all.
+    for i in range(2 * sweep_steps + 1):
+        side = wp.where(i > sweep_steps, 1, 0)
+        k = i - side * sweep_steps
+        if i > 0 and ((side == 0 and has_prev == 0) or (side == 1 and has_next == 0)):
+            continue
+        segment = wp.where(side == 0, seg_prev, seg_next)
+        if k == 1:
+            # A side starts: its chain of exact distances starts at p.
+            batch_start = 0
+            batch_end = 0
+            last_abs = p_abs
+            last_s = 0.0
+            to_neighbour = wp.vec3(0.0, 0.0, 0.0)
+            mask = 0
+        sk = float(k) * inv_2k
+        q = p + segment * sk
+        entry = batch[0]
+        if i > 0:
+            if k >= batch_start and k < batch_end:
+                entry = side_batch[1 + k - batch_start]
+            elif k <= n_first:
+                entry = batch[side * has_prev * n_first + k]
+            else:
+                batch_start = k
+                batch_end = wp.min(sweep_steps + 1, k + SWEPT_BATCH)
+                side_batch = mesh_closest_points(mesh, p, 0.0, segment, sk, batch_end - k, segment, 0.0, 0, inv_2k,
+                                                 reach, p_abs, False, data < 0)
+                entry = side_batch[1]
+        face = face_of(entry)
+        found = int(0)
+        sd = float(0.0)
+        grad_sd = wp.vec3(0.0, 0.0, 0.0)
+        if face >= 0:
+            d_vec, dist, inside, outward = batched_feature(mesh, q, face, warp_inside(entry), data, winding)
+            sd, grad_sd = signed_result(d_vec, dist, inside, outward)
+            found = 1
+        else:
+            search = bound
+            if last_abs >= 0.0:
+                # The closest point lies within the last exact distance plus the distance moved,
+                # and a bound beyond it by Warp's tie tolerance finds the same one (same sign).
+                search = wp.min(search, (last_abs + (sk - last_s) * wp.length(segment)) * REACH_MARGIN
+                                + REACH_SLACK + tie_margin)
+            found, sd, grad_sd = mesh_signed_distance(mesh, q, search, cull_radius, sign_method, reach_b)
+        c = float(0.0)
+        g = wp.vec3(0.0, 0.0, 0.0)
+        last_abs = -1.0
+        if found != 0:
+            dc = float(0.0)
+            c, dc = penetration_cost(sd, radius, eta)
+            g = grad_sd * (-dc)
+            last_abs = wp.abs(sd)
+        last_s = sk
+        if i == 0:
+            c0 = c
+            g0 = g
+            p_abs = last_abs
+            continue
+        wk = swept_sample_weight(k, sweep_steps, n_sides)
+        delta += wk * (c - c0)
+        own += g * (wk * (1.0 - sk))
+        to_neighbour += g * (wk * sk)
+        mask = mask | side_bit(k)
+        if k == sweep_steps:
+            if side == 0:
+                to_prev = to_neighbour
+                mask_prev = mask
+            else:
+                to_next = to_neighbour
+                mask_next = mask
+    return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
+
+
+@wp.func
+def open_swept_sign(mesh: wp.uint64, sign_method: int) -> bool:
+    """Whether open_swept_slot_cost serves a mesh: its sign is not a closed surface's (swept_slot_cost
+    then evaluates every sample) and comes from the closest triangle or the winding number."""
+    data, method, raw_closed = mesh_sign_method(mesh, sign_method)
+    sign_closed = raw_closed
+    if data >= 0:
+        sign_closed = wp.mesh_get(mesh).velocities[data + 3][1] != 0.0
+    return (not sign_closed) and (method == SIGN_NORMAL or (method == SIGN_WINDING_NUMBER and data >= 0))
 
 
 @wp.func
@@ -1600,6 +1720,8 @@ def swept_sphere_cost_kernel(
         # the plain loop would let through), else slot after slot. Meshes whose sign is not that
         # of a closed surface search every point to max_dist + r + eta (swept_slot_cost).
         half_len = 0.5 * wp.max(float(has_prev) * wp.length(prev - p), float(has_next) * wp.length(nxt - p))
+        # As swept_slot_cost's batched test: a stationary step keeps the plain query of p.
+        moving = n_sides > 0 and half_len > 0.0
         slot_reach = max_dist + radius + eta + half_len
         count = wp.min(n_env_mesh[env], mesh_idx.shape[1])
         hits, n_iter, listed = slot_candidates(slot_bvh, env, n_env_mesh.shape[0], count, p, slot_reach)
@@ -1608,12 +1730,28 @@ def swept_sphere_cost_kernel(
             if slot < 0:
                 continue
             t, q = slot_pose(pose_inv, env, slot)
-            c_i, g_i, delta_i, own_i, prev_i, next_i, m_prev, m_next = swept_slot_cost(
-                wp.uint64(mesh_idx[env, slot]), pose_inv[env, slot, 7],
-                slot_sign_method(sign_method, slot_sign, env, slot), wp.quat_rotate(q, p) + t,
-                wp.quat_rotate(q, prev - p), wp.quat_rotate(q, nxt - p), has_prev, has_next, radius, eta, max_dist,
-                bound0, sweep_steps, n_sides,
-            )
+            mesh = wp.uint64(mesh_idx[env, slot])
+            slot_method = slot_sign_method(sign_method, slot_sign, env, slot)
+            seg_prev = wp.quat_rotate(q, prev - p)
+            seg_next = wp.quat_rotate(q, nxt - p)
+            c_i = float(0.0)
+            g_i = wp.vec3(0.0, 0.0, 0.0)
+            delta_i = float(0.0)
+            own_i = wp.vec3(0.0, 0.0, 0.0)
+            prev_i = wp.vec3(0.0, 0.0, 0.0)
+            next_i = wp.vec3(0.0, 0.0, 0.0)
+            m_prev = int(0)
+            m_next = int(0)
+            if moving and open_swept_sign(mesh, slot_method):
+                c_i, g_i, delta_i, own_i, prev_i, next_i, m_prev, m_next = open_swept_slot_cost(
+                    mesh, pose_inv[env, slot, 7], slot_method, wp.quat_rotate(q, p) + t, seg_prev, seg_next, has_prev,
+                    has_next, radius, eta, max_dist, sweep_steps, n_sides,
+                )
+            else:
+                c_i, g_i, delta_i, own_i, prev_i, next_i, m_prev, m_next = swept_slot_cost(
+                    mesh, pose_inv[env, slot, 7], slot_method, wp.quat_rotate(q, p) + t, seg_prev, seg_next, has_prev,
+                    has_next, radius, eta, max_dist, bound0, sweep_steps, n_sides,
+                )
             c0 += c_i
             g0 += wp.quat_rotate_inv(q, g_i)
             delta += delta_i

@@ -10,9 +10,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import warp as wp
 
 import reference as ref
 from conftest import build_warp_env, scalar
+from robot_sdf import kernels
 from robot_sdf.types import SignMethod
 from robot_sdf.warp_primitives import SdfMeshWarpPy, SweptSdfMeshWarpPy, launch_swept_sphere_cost
 
@@ -490,15 +492,17 @@ def open_bowl() -> tuple[np.ndarray, np.ndarray]:
     return v, t[keep]
 
 
+@pytest.mark.parametrize("sweep_steps", [4, 9])
 @pytest.mark.parametrize("case", ["raw sheet", "world normal sheet", "world auto bowl"])
-def test_open_surfaces_cost_the_mean_of_plain_costs_at_the_samples(device, case):
+def test_open_surfaces_cost_the_mean_of_plain_costs_at_the_samples(device, case, sweep_steps):
     """Where the sign is not that of a closed surface, a point free of the surface may still be
     inside (beyond a sheet's edge under the pseudo-normal sign, in a bowl's opening under the
     winding number): no sample is freed by a clearance, and each costs what the plain cost says
-    there (regression: samples inside such a clearance were skipped, costing 0)."""
+    there (regression: samples inside such a clearance were skipped, costing 0). The points of a
+    step share traversals (sweep_steps 9: beyond the first traversal's 7 samples a side)."""
     from robot_sdf import MeshWorld
 
-    max_dist, sweep_steps = 0.2, 4
+    max_dist = 0.2
     rng = np.random.default_rng(77)
     pose = np.concatenate([[0.05, -0.02, 0.03], ref.random_quaternion(rng)])
     if case.endswith("sheet"):
@@ -692,3 +696,72 @@ def test_large_launch_equals_per_row_launches(device):
     # without requires_grad the gradient buffer is zero-filled, the cost unchanged
     _, c_ng, g_ng, _ = run_swept(s, wenv, device, 3, speed_metric=True, requires_grad=False)
     assert torch.equal(c_ng, cost) and torch.all(g_ng == 0)
+
+
+def folded_open_surfaces() -> tuple[np.ndarray, np.ndarray]:
+    """Two open pieces in one mesh where Warp's normal sign needs its tie rule: a coarse sheet
+    folded along a ridge and a valley (convex and concave edges, open rims), and a cup (an open
+    box: concave corners, a rim whose faces' normals disagree beyond it)."""
+    v, t = ref.sheet(0.8, 5)
+    v[:, 2] = 0.25 * np.abs(v[:, 0] - 0.08) - 0.2 * np.abs(v[:, 1] + 0.1) + 0.05 * v[:, 0] * v[:, 1]
+    bv, bt = ref.open_box((0.3, 0.25, 0.2))
+    return np.concatenate([v, bv + [0.0, 0.0, -0.45]]), np.concatenate([t, bt + len(v)])
+
+
+@wp.kernel
+def _closest_points_warp_sign_kernel(
+    mesh: wp.uint64,
+    start: wp.array(dtype=wp.vec3),
+    direction: wp.array(dtype=wp.vec3),
+    bound: float,
+    face: wp.array2d(dtype=wp.int32),
+    inside: wp.array2d(dtype=wp.float32),
+    warp_face: wp.array2d(dtype=wp.int32),
+    warp_inside: wp.array2d(dtype=wp.float32),
+):
+    i = wp.tid()
+    a = start[i]
+    d = direction[i]
+    batch = kernels.mesh_closest_points(mesh, a, bound, d, 0.125, 8, d, 0.0, 0, 0.125, bound, -1.0, False, True)
+    for j in range(9):
+        face[i, j] = kernels.face_of(batch[j])
+        inside[i, j] = kernels.warp_inside(batch[j])
+        q = wp.mesh_query_point_sign_normal(mesh, a + d * (0.125 * float(j)), bound)
+        warp_face[i, j] = wp.where(q.result, q.face, -1)
+        warp_inside[i, j] = q.sign
+
+
+def test_shared_traversal_signs_points_as_warps_normal_sign_does(device):
+    """mesh_closest_points with warp_sign (the swept kernel's shared traversal on open meshes
+    without sign data) against Warp's own mesh_query_point_sign_normal at the same points: the
+    same distance and the same sign, on lines through vertices and edges (exact ties of faces
+    whose normals disagree: the angle weights decide) and random lines around open surfaces."""
+    v, t = folded_open_surfaces()
+    mesh = wp.Mesh(points=wp.array(v, dtype=wp.vec3, device=device),
+                   indices=wp.array(t.ravel(), dtype=wp.int32, device=device))
+    rng = np.random.default_rng(5)
+    edge_mid = 0.5 * (v[t[:, 0]] + v[t[:, 1]])
+    anchors = np.concatenate([v, edge_mid])
+    # Lines crossing each vertex and edge midpoint (the sample at s = 0.5 sits on it) and random lines.
+    direction = rng.normal(size=(len(anchors), 3))
+    direction *= rng.uniform(0.02, 0.3, size=(len(anchors), 1)) / np.linalg.norm(direction, axis=1, keepdims=True)
+    start = np.concatenate([anchors - 0.5 * direction, rng.uniform(v.min(0) - 0.3, v.max(0) + 0.3, size=(3000, 3))])
+    direction = np.concatenate([direction, rng.normal(scale=0.1, size=(3000, 3))])
+    n = len(start)
+    outs = [wp.zeros((n, 9), dtype=dt, device=device) for dt in (wp.int32, wp.float32, wp.int32, wp.float32)]
+    wp.launch(_closest_points_warp_sign_kernel, dim=n, inputs=[mesh.id, wp.array(start, dtype=wp.vec3, device=device),
+              wp.array(direction, dtype=wp.vec3, device=device), 10.0], outputs=outs, device=device)
+    face, inside, warp_face, warp_inside = (o.numpy() for o in outs)
+    pts = start[:, None, :] + direction[:, None, :] * (0.125 * np.arange(9))[None, :, None]
+    assert np.all(face >= 0) and np.all(warp_face >= 0)
+
+    def face_distance(f):
+        return np.linalg.norm(ref.closest_point_triangles(pts.reshape(-1, 3), *(v[t[f.ravel(), k]] for k in range(3)))
+                              - pts.reshape(-1, 3), axis=1).reshape(f.shape)
+
+    d_ours, d_warp = face_distance(face), face_distance(warp_face)
+    np.testing.assert_allclose(d_ours, d_warp, atol=2e-6)
+    off_surface = d_warp > 1e-4
+    assert off_surface.mean() > 0.95
+    disagree = off_surface & (inside != warp_inside)
+    assert not disagree.any(), f"{disagree.sum()} points signed unlike Warp, e.g. {pts[disagree][:3]}"
