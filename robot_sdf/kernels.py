@@ -932,10 +932,11 @@ for (int j = 1; j < count_pts; ++j) {
     py[j] = pt[1];
     pz[j] = pt[2];
     off[j] = wp::length(offset);
-    // 1-Lipschitz: the closest surface point of a is within base of a.
+    // 1-Lipschitz: the closest surface point of a is within base of a (under Warp's sign rule
+    // with room for the faces that tie with the closest one).
     float b = reach;
     if (base >= 0.0f) {
-        const float lip = (base + off[j]) * 1.0001f + 1.0e-6f;
+        const float lip = (base + off[j]) * 1.0001f + 1.0e-6f + 3.0f * tie;
         b = base_inside ? lip : wp::min(reach, lip);
     }
     closest[j] = b;

@@ -718,14 +718,22 @@ def _closest_points_warp_sign_kernel(
     inside: wp.array2d(dtype=wp.float32),
     warp_face: wp.array2d(dtype=wp.int32),
     warp_inside: wp.array2d(dtype=wp.float32),
+    bounded_face: wp.array2d(dtype=wp.int32),
+    bounded_inside: wp.array2d(dtype=wp.float32),
 ):
     i = wp.tid()
     a = start[i]
     d = direction[i]
     batch = kernels.mesh_closest_points(mesh, a, bound, d, 0.125, 8, d, 0.0, 0, 0.125, bound, -1.0, False, True)
+    # The same points again, each searched within the Lipschitz bound from a's distance.
+    qa = wp.mesh_query_point_no_sign(mesh, a, bound)
+    base = wp.length(a - wp.mesh_eval_position(mesh, qa.face, qa.u, qa.v))
+    bounded = kernels.mesh_closest_points(mesh, a, 0.0, d, 0.125, 8, d, 0.0, 0, 0.125, bound, base, False, True)
     for j in range(9):
         face[i, j] = kernels.face_of(batch[j])
         inside[i, j] = kernels.warp_inside(batch[j])
+        bounded_face[i, j] = kernels.face_of(bounded[j])
+        bounded_inside[i, j] = kernels.warp_inside(bounded[j])
         q = wp.mesh_query_point_sign_normal(mesh, a + d * (0.125 * float(j)), bound)
         warp_face[i, j] = wp.where(q.result, q.face, -1)
         warp_inside[i, j] = q.sign
@@ -735,7 +743,9 @@ def test_shared_traversal_signs_points_as_warps_normal_sign_does(device):
     """mesh_closest_points with warp_sign (the swept kernel's shared traversal on open meshes
     without sign data) against Warp's own mesh_query_point_sign_normal at the same points: the
     same distance and the same sign, on lines through vertices and edges (exact ties of faces
-    whose normals disagree: the angle weights decide) and random lines around open surfaces."""
+    whose normals disagree: the angle weights decide) and random lines around open surfaces,
+    each point searched within the common bound or within the Lipschitz bound from the line's
+    start (the swept kernel's later traversals)."""
     v, t = folded_open_surfaces()
     mesh = wp.Mesh(points=wp.array(v, dtype=wp.vec3, device=device),
                    indices=wp.array(t.ravel(), dtype=wp.int32, device=device))
@@ -748,11 +758,17 @@ def test_shared_traversal_signs_points_as_warps_normal_sign_does(device):
     start = np.concatenate([anchors - 0.5 * direction, rng.uniform(v.min(0) - 0.3, v.max(0) + 0.3, size=(3000, 3))])
     direction = np.concatenate([direction, rng.normal(scale=0.1, size=(3000, 3))])
     n = len(start)
-    outs = [wp.zeros((n, 9), dtype=dt, device=device) for dt in (wp.int32, wp.float32, wp.int32, wp.float32)]
+    outs = [wp.zeros((n, 9), dtype=dt, device=device) for dt in (wp.int32, wp.float32) * 3]
     wp.launch(_closest_points_warp_sign_kernel, dim=n, inputs=[mesh.id, wp.array(start, dtype=wp.vec3, device=device),
               wp.array(direction, dtype=wp.vec3, device=device), 10.0], outputs=outs, device=device)
-    face, inside, warp_face, warp_inside = (o.numpy() for o in outs)
-    pts = start[:, None, :] + direction[:, None, :] * (0.125 * np.arange(9))[None, :, None]
+    face, inside, warp_face, warp_inside, bounded_face, bounded_inside = (o.numpy() for o in outs)
+    assert np.all(bounded_face[:, 0] < 0)  # a itself not searched there
+    face = np.concatenate([face, bounded_face[:, 1:]], axis=1)
+    inside = np.concatenate([inside, bounded_inside[:, 1:]], axis=1)
+    warp_face = np.concatenate([warp_face, warp_face[:, 1:]], axis=1)
+    warp_inside = np.concatenate([warp_inside, warp_inside[:, 1:]], axis=1)
+    steps = np.concatenate([np.arange(9), np.arange(1, 9)])
+    pts = start[:, None, :] + direction[:, None, :] * (0.125 * steps)[None, :, None]
     assert np.all(face >= 0) and np.all(warp_face >= 0)
 
     def face_distance(f):
