@@ -1140,6 +1140,111 @@ def mesh_closest_points(mesh: wp.uint64, a: wp.vec3, bound_a: float, d1: wp.vec3
     ...
 
 
+@wp.func_native("""
+const wp::Mesh m = wp::mesh_get(mesh);
+const int n1c = n1 < 15 ? (n1 > 0 ? n1 : 0) : 15;
+const int n2c = n2 < 15 - n1c ? (n2 > 0 ? n2 : 0) : 15 - n1c;
+const int count_pts = 1 + n1c + n2c;
+wp::vec3 pts[16];
+for (int j = 0; j < count_pts; ++j) {
+    const bool first_side = j >= 1 && j <= n1c;
+    const float s = j == 0 ? 0.0f : (first_side ? s1 + ds * (float)(j - 1) : s2 + ds * (float)(j - 1 - n1c));
+    pts[j] = a + (first_side ? d1 : d2) * s;
+}
+wp::vec_t<16, float> out;
+for (int j = 0; j < 16; ++j)
+    out[j] = 0.0f;
+unsigned int todo = lanes & ((1u << count_pts) - 1u);
+#if defined(__CUDA_ARCH__)
+// A GPU thread gains nothing from sharing (no vector lanes) and would pay the partial sums in
+// local memory: point after point.
+for (int j = 0; j < count_pts; ++j)
+    if (todo & (1u << j))
+        out[j] = wp::mesh_query_winding_number(mesh, pts[j], accuracy);
+#else
+// Warp's solid_angle_iterative for every point at once: a depth-first walk in Warp's order, each
+// point descending where Warp's would (its own far-field test) and keeping its own partial sum
+// per level, added to its parent's in Warp's order, so that each value is Warp's to the bit. The
+// nodes and triangles are read once for all points.
+const float accuracy_sq = accuracy * accuracy;
+int stack[BVH_QUERY_STACK_SIZE];
+int at_child[BVH_QUERY_STACK_SIZE];
+unsigned int reach_mask[BVH_QUERY_STACK_SIZE];
+unsigned int down_mask[BVH_QUERY_STACK_SIZE];
+float angle[BVH_QUERY_STACK_SIZE][16];
+stack[0] = *m.bvh.root;
+at_child[0] = 0;
+reach_mask[0] = todo;
+for (int j = 0; j < 16; ++j)
+    angle[0][j] = 0.0f;
+int count = todo ? 1 : 0;
+while (count) {
+    const int level = count - 1;
+    const int node = stack[level];
+    const wp::BVHPackedNodeHalf lower = m.bvh.node_lowers[node];
+    const wp::BVHPackedNodeHalf upper = m.bvh.node_uppers[node];
+    if (lower.b) {
+        const unsigned int here = reach_mask[level];
+        for (int j = 0; j < count_pts; ++j)
+            angle[level][j] = 0.0f;
+        for (int prim = (int)lower.i; prim < (int)upper.i; ++prim) {
+            const int tri = m.bvh.primitive_indices[prim];
+            const wp::vec3 p = m.points[m.indices[tri * 3 + 0]];
+            const wp::vec3 q = m.points[m.indices[tri * 3 + 1]];
+            const wp::vec3 r = m.points[m.indices[tri * 3 + 2]];
+            for (unsigned int left = here; left != 0u; left &= left - 1u) {
+                const int j = __builtin_ctz(left);
+                angle[level][j] += wp::robust_solid_angle(p, q, r, pts[j]);
+            }
+        }
+        count--;
+    } else if (at_child[level] == 0) {
+        unsigned int down = 0u;
+        for (unsigned int left = reach_mask[level]; left != 0u; left &= left - 1u) {
+            const int j = __builtin_ctz(left);
+            if (wp::evaluate_node_solid_angle(pts[j], &m.solid_angle_props[node], angle[level][j], accuracy_sq))
+                down |= 1u << j;
+        }
+        if (down) {
+            down_mask[level] = down;
+            at_child[level] = 1;
+            stack[count] = (int)lower.i;
+            reach_mask[count] = down;
+            at_child[count] = 0;
+            count++;
+        } else {
+            count--;
+        }
+    } else {
+        for (unsigned int left = down_mask[level]; left != 0u; left &= left - 1u) {
+            const int j = __builtin_ctz(left);
+            angle[level][j] += angle[level + 1][j];
+        }
+        if (at_child[level] == 1) {
+            at_child[level] = 2;
+            stack[count] = (int)upper.i;
+            reach_mask[count] = down_mask[level];
+            at_child[count] = 0;
+            count++;
+        } else {
+            count--;
+        }
+    }
+}
+for (int j = 0; j < count_pts; ++j)
+    if (todo & (1u << j))
+        out[j] = (float)((double)angle[0][j] * 0.07957747154);
+#endif
+return out;""")
+def mesh_winding_numbers(mesh: wp.uint64, a: wp.vec3, d1: wp.vec3, s1: float, n1: int, d2: wp.vec3, s2: float,
+                         n2: int, ds: float, accuracy: float, lanes: int) -> vec16:
+    """Warp's fast winding numbers (mesh_query_winding_number at ``accuracy``) of the points that
+    mesh_closest_points would search with the same arguments (a, then a + d1 (s1 + i ds), then
+    a + d2 (s2 + i ds)), for the points whose bit is set in ``lanes`` (0 for the others), in one
+    traversal on the CPU."""
+    ...
+
+
 @wp.func_native("""union { float f; int i; } bits; bits.f = x; return bits.i < 0 ? -1 : bits.i & ~(1 << 30);""")
 def face_of(x: float) -> int:
     """The triangle whose index mesh_closest_points stored in a float entry, -1 for none."""
@@ -1470,6 +1575,36 @@ def swept_slot_cost(
     return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
 
 
+@wp.func
+def batched_winding_inside(mesh: wp.uint64, p: wp.vec3, seg_prev: wp.vec3, seg_next: wp.vec3, ds: float,
+                           n_prev: int, n_next: int, lanes: int) -> int:
+    """winding_inside of the points of mesh_closest_points' first traversal of a step (p, then
+    n_prev samples towards the previous step, n_next towards the next, s = ds, 2 ds, ...) whose
+    bit is set in ``lanes``: bit j set where point j is inside. The same tiers as winding_inside,
+    each tier one traversal for the points it has not settled."""
+    inside = int(0)
+    pending = lanes
+    accuracy = COARSEST_WINDING_ACCURACY
+    margin = COARSEST_WINDING_SETTLED
+    while pending != 0:
+        w = mesh_winding_numbers(mesh, p, seg_prev, ds, n_prev, seg_next, ds, n_next, ds, accuracy, pending)
+        for j in range(16):
+            bit = 1 << j
+            if (pending & bit) != 0:
+                if w[j] > WINDING_THRESHOLD + margin:
+                    inside = inside | bit
+                    pending = pending ^ bit
+                elif w[j] < WINDING_THRESHOLD - margin or margin == 0.0:
+                    pending = pending ^ bit
+        if accuracy == COARSEST_WINDING_ACCURACY:
+            accuracy = COARSE_WINDING_ACCURACY
+            margin = WINDING_SETTLED
+        else:
+            accuracy = WINDING_ACCURACY
+            margin = 0.0
+    return inside
+
+
 # Out of line: inlined, its traversal arrays and long-lived state would join the swept kernel's
 # stack frame and spills on the GPU for every mesh (ptxas: kernel spills 748 / 632 B -> 2,636 /
 # 2,044 B, sm_90); called, they are paid only on the meshes it serves. On the CPU no slower.
@@ -1521,6 +1656,7 @@ def open_swept_slot_cost(
     side_batch = vec16()
     batch_start = int(0)
     batch_end = int(0)
+    inside_lanes = int(0)
     p_abs = float(-1.0)
     last_abs = float(-1.0)
     last_s = float(0.0)
@@ -1554,22 +1690,38 @@ def open_swept_slot_cost(
                                         wp.where(first, -1.0, p_abs), False, data < 0)
             if first:
                 batch = fresh
+                if winding:
+                    # The winding numbers of the points found, in shared traversals too.
+                    found_lanes = int(0)
+                    for j in range(16):
+                        if face_of(batch[j]) >= 0:
+                            found_lanes = found_lanes | (1 << j)
+                    inside_lanes = batched_winding_inside(mesh, p, seg_prev, seg_next, inv_2k, has_prev * n_first,
+                                                          has_next * n_first, found_lanes)
             else:
                 side_batch = fresh
                 batch_start = k
                 batch_end = k + n_more
         entry = batch[0]
-        if i > 0:
-            if k >= batch_start and k < batch_end:
-                entry = side_batch[1 + k - batch_start]
-            else:
-                entry = batch[side * has_prev * n_first + k]
+        lane = int(0)
+        in_side_batch = i > 0 and k >= batch_start and k < batch_end
+        if in_side_batch:
+            entry = side_batch[1 + k - batch_start]
+        elif i > 0:
+            lane = side * has_prev * n_first + k
+            entry = batch[lane]
         face = face_of(entry)
         found = int(0)
         sd = float(0.0)
         grad_sd = wp.vec3(0.0, 0.0, 0.0)
         if face >= 0:
-            d_vec, dist, inside, outward = batched_feature(mesh, q, face, warp_inside(entry), data, winding)
+            inside_q = warp_inside(entry)
+            if winding:
+                if in_side_batch:
+                    inside_q = wp.where(winding_inside(mesh, q), -1.0, 1.0)
+                else:
+                    inside_q = wp.where(((inside_lanes >> lane) & 1) != 0, -1.0, 1.0)
+            d_vec, dist, inside, outward = closest_feature(mesh, q, face, inside_q, data, data >= 0 and not winding)
             sd, grad_sd = signed_result(d_vec, dist, inside, outward)
             found = 1
         else:
