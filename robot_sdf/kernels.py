@@ -1280,14 +1280,14 @@ def side_bit(k: int) -> int:
 
 
 @wp.func
-def batched_feature(mesh: wp.uint64, q: wp.vec3, face: int, warp_sign: float, data: int, winding: bool):
-    """closest_feature of a point whose closest triangle a shared traversal found, signed by
-    robot_sdf's pseudo-normal, on a winding-number mesh by its winding number at q, and on a mesh
-    without sign data by Warp's sign (``warp_sign``: mesh_closest_points' with warp_sign)."""
-    inside = warp_sign
+def batched_feature(mesh: wp.uint64, q: wp.vec3, face: int, data: int, winding: bool):
+    """closest_feature of a point whose closest triangle a shared traversal found, signed by the
+    pseudo-normal, or on a winding-number mesh by its winding number at q."""
+    inside = float(1.0)
     if winding:
-        inside = wp.where(winding_inside(mesh, q), -1.0, 1.0)
-    return closest_feature(mesh, q, face, inside, data, not winding and data >= 0)
+        if winding_inside(mesh, q):
+            inside = -1.0
+    return closest_feature(mesh, q, face, inside, data, not winding)
 
 
 @wp.func
@@ -1384,7 +1384,7 @@ def swept_slot_cost(
                                     has_next * n_first, inv_2k, reach_b, -1.0, False, False)
         face = face_of(batch[0])
         if face >= 0:
-            d_vec, dist, inside, outward = batched_feature(mesh, p, face, 1.0, data, winding)
+            d_vec, dist, inside, outward = batched_feature(mesh, p, face, data, winding)
             sd, grad_sd = signed_result(d_vec, dist, inside, outward)
             found = 1
         else:
@@ -1531,7 +1531,7 @@ def swept_slot_cost(
                                                          chain_inside, False)
                         face = face_of(side_batch[1])
                     if face >= 0:
-                        d_vec, dist, inside, outward = batched_feature(mesh, q, face, 1.0, data, winding)
+                        d_vec, dist, inside, outward = batched_feature(mesh, q, face, data, winding)
                         sd_k, grad_k = signed_result(d_vec, dist, inside, outward)
                         found_k = 1
                         full = False
