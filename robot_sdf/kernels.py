@@ -118,6 +118,35 @@ def mesh_average_edge_length(mesh: wp.uint64) -> float:
 
 
 @wp.func
+def warp_tie_margin(mesh: wp.uint64) -> float:
+    """Three times the tie tolerance of Warp's pseudo-normal sign query (1e-3 of the mesh's average
+    edge length): a search bound this far beyond a point's closest distance finds every face that
+    Warp's query weighs for its sign (mesh_closest_points keeps the same margin)."""
+    return 3.0e-3 * mesh_average_edge_length(mesh)
+
+
+@wp.func
+def winding_verdict(w: float, margin: float) -> int:
+    """What a winding number at a tier with ``margin`` says: 1 inside, 0 outside, -1 undecided
+    (within the margin of the threshold; the last tier, margin 0, always decides)."""
+    if w < WINDING_THRESHOLD - margin:
+        return 0
+    if w > WINDING_THRESHOLD + margin:
+        return 1
+    if margin == 0.0:
+        return 0
+    return -1
+
+
+@wp.func
+def next_winding_tier(accuracy: float):
+    """The (accuracy, margin) of the tier after the one at ``accuracy``."""
+    if accuracy == COARSEST_WINDING_ACCURACY:
+        return COARSE_WINDING_ACCURACY, WINDING_SETTLED
+    return WINDING_ACCURACY, 0.0
+
+
+@wp.func
 def winding_inside(mesh: wp.uint64, p: wp.vec3) -> bool:
     """Warp's winding-number sign (inside above WINDING_THRESHOLD at WINDING_ACCURACY), from the
     coarsest evaluation that is clear of the threshold by its margin."""
@@ -126,19 +155,10 @@ def winding_inside(mesh: wp.uint64, p: wp.vec3) -> bool:
     accuracy = COARSEST_WINDING_ACCURACY
     margin = COARSEST_WINDING_SETTLED
     while True:
-        w = winding_number(mesh, p, accuracy)
-        if w < WINDING_THRESHOLD - margin:
-            return False
-        if w > WINDING_THRESHOLD + margin:
-            return True
-        if margin == 0.0:
-            return False
-        if accuracy == COARSEST_WINDING_ACCURACY:
-            accuracy = COARSE_WINDING_ACCURACY
-            margin = WINDING_SETTLED
-        else:
-            accuracy = WINDING_ACCURACY
-            margin = 0.0
+        verdict = winding_verdict(winding_number(mesh, p, accuracy), margin)
+        if verdict >= 0:
+            return verdict == 1
+        accuracy, margin = next_winding_tier(accuracy)
     return False
 
 
@@ -286,6 +306,16 @@ def mesh_sign_method(mesh: wp.uint64, sign_method: int):
             method = SIGN_NORMAL
     raw_closed = raw_closed and (method == SIGN_NORMAL or method == SIGN_WINDING_NUMBER)
     return data, method, raw_closed
+
+
+@wp.func
+def sign_is_closed(mesh: wp.uint64, data: int, raw_closed: bool) -> bool:
+    """Whether a mesh's sign (mesh_sign_method's data and raw_closed) is that of a closed surface,
+    so that it changes only where the surface is crossed: robot_sdf's closed flag, or a closed
+    shell built elsewhere."""
+    if data >= 0:
+        return wp.mesh_get(mesh).velocities[data + 3][1] != 0.0
+    return raw_closed
 
 
 @wp.func
@@ -1343,9 +1373,7 @@ def swept_slot_cost(
     # p and every sample take the plain query (max_dist + r + eta), which makes the step's cost
     # the mean of the plain costs at its samples, as defined. (The kernel hands moving steps on
     # such meshes to open_swept_slot_cost where the sign lets their points share traversals.)
-    sign_closed = raw_closed
-    if data >= 0:
-        sign_closed = wp.mesh_get(mesh).velocities[data + 3][1] != 0.0
+    sign_closed = sign_is_closed(mesh, data, raw_closed)
     if not sign_closed:
         bound0 = max_dist
     bound_p = bound0 + radius + eta
@@ -1544,7 +1572,7 @@ def swept_slot_cost(
                     search = max_dist + reach_b
                     if last_exact:
                         search = wp.min(search, (last_abs + (sk - last_s) * seg_len) * REACH_MARGIN + REACH_SLACK
-                                        + 3.0e-3 * mesh_average_edge_length(mesh))
+                                        + warp_tie_margin(mesh))
                 if full:
                     found_k, sd_k, grad_k = mesh_signed_distance(mesh, q, search, cull_radius, sign_method,
                                                                  wp.where(sign_closed, search, reach_b))
@@ -1591,17 +1619,12 @@ def batched_winding_inside(mesh: wp.uint64, p: wp.vec3, seg_prev: wp.vec3, seg_n
         for j in range(16):
             bit = 1 << j
             if (pending & bit) != 0:
-                if w[j] > WINDING_THRESHOLD + margin:
-                    inside = inside | bit
+                verdict = winding_verdict(w[j], margin)
+                if verdict >= 0:
                     pending = pending ^ bit
-                elif w[j] < WINDING_THRESHOLD - margin or margin == 0.0:
-                    pending = pending ^ bit
-        if accuracy == COARSEST_WINDING_ACCURACY:
-            accuracy = COARSE_WINDING_ACCURACY
-            margin = WINDING_SETTLED
-        else:
-            accuracy = WINDING_ACCURACY
-            margin = 0.0
+                    if verdict == 1:
+                        inside = inside | bit
+        accuracy, margin = next_winding_tier(accuracy)
     return inside
 
 
@@ -1652,7 +1675,7 @@ def open_swept_slot_cost(
     inv_2k = 1.0 / (2.0 * float(sweep_steps))
     n_first = wp.min(sweep_steps, SWEPT_SIDE_BATCH)
     batch = vec16()
-    tie_margin = 3.0e-3 * mesh_average_edge_length(mesh)
+    tie_margin = warp_tie_margin(mesh)
     side_batch = vec16()
     batch_start = int(0)
     batch_end = int(0)
@@ -1766,10 +1789,7 @@ def open_swept_sign(mesh: wp.uint64, sign_method: int) -> bool:
     """Whether open_swept_slot_cost serves a mesh: its sign is not a closed surface's (swept_slot_cost
     then evaluates every sample) and comes from the closest triangle or the winding number."""
     data, method, raw_closed = mesh_sign_method(mesh, sign_method)
-    sign_closed = raw_closed
-    if data >= 0:
-        sign_closed = wp.mesh_get(mesh).velocities[data + 3][1] != 0.0
-    return (not sign_closed) and (method == SIGN_NORMAL or (method == SIGN_WINDING_NUMBER and data >= 0))
+    return (not sign_is_closed(mesh, data, raw_closed)) and (method == SIGN_NORMAL or (method == SIGN_WINDING_NUMBER and data >= 0))
 
 
 @wp.func
