@@ -57,20 +57,20 @@ REACH_SLACK = wp.constant(1.0e-5)
 # Warp's default accuracy of the fast winding number and the inside threshold of its sign.
 WINDING_ACCURACY = wp.constant(2.0)
 WINDING_THRESHOLD = wp.constant(0.5)
-# The inside test (winding_inside) evaluates the winding number in tiers of rising accuracy and
-# settles the sign at the first tier that is clear of the threshold by its margin; the last tier
-# is WINDING_ACCURACY, so the sign is Warp's own wherever each coarse accuracy stays within its
-# margin of it. Measured over 3 M points in, around and near every hard-mesh corpus mesh and the
-# perception scan of bench/core_bench.py (docs/sign_methods.md; test/sign_test.py checks half
-# the margin): accuracy 1.5 differed from 2.0 by at most 0.043 (capsule; margin 0.15, a safety
-# factor of 3.5), accuracy 1.25 by at most 0.084 (sliver box; capsule 0.083, perception scan
-# 0.070; margin 0.25, a factor of 3). Accuracy 1.0 is no option: it differed by up to 0.78.
+# The inside test (winding_inside) evaluates the winding number at a coarse accuracy first and
+# settles the sign there where it is clear of the threshold by its margin; the rest take Warp's
+# default accuracy, so the sign is Warp's own wherever the coarse accuracy stays within its margin
+# of it. Measured over 3 M points in, around and near every hard-mesh corpus mesh and the
+# perception scan of bench/core_bench.py (docs/sign_methods.md; test/sign_test.py checks half the
+# margin): accuracy 1.25 differed from 2.0 by at most 0.084 (sliver box; capsule 0.083, perception
+# scan 0.070; margin 0.25, a factor of 3). Accuracy 1.0 is no option: it differed by up to 0.78.
 # Per evaluation 1.25 costs about 60 % of 1.5 near a surface and 70 % in free space around the
-# perception scan, where every free-space sphere within the winding radius pays one.
+# perception scan, where every free-space sphere within the winding radius pays one. A middle tier
+# (1.5, margin 0.15) was dropped: it settled too few of the points that 1.25 left (on the scan 1.15
+# of 3.71 per swept sphere) to pay for itself; without it MeshWorld auto on the scan is 6-7 %
+# faster and no corpus mesh slower (docs/benchmarks.md, session 22).
 COARSEST_WINDING_ACCURACY = wp.constant(1.25)
 COARSEST_WINDING_SETTLED = wp.constant(0.25)
-COARSE_WINDING_ACCURACY = wp.constant(1.5)
-WINDING_SETTLED = wp.constant(0.15)
 SIGN_DATA_MAGIC = wp.constant(7.0e5)  # robot_sdf.mesh_analysis.SIGN_DATA_MAGIC
 # Direction of the ray that tells a deep point of a closed shell inside from outside (oblique so
 # that it rarely runs along an axis-aligned edge of a CAD mesh).
@@ -140,9 +140,8 @@ def winding_verdict(w: float, margin: float) -> int:
 
 @wp.func
 def next_winding_tier(accuracy: float):
-    """The (accuracy, margin) of the tier after the one at ``accuracy``."""
-    if accuracy == COARSEST_WINDING_ACCURACY:
-        return COARSE_WINDING_ACCURACY, WINDING_SETTLED
+    """The (accuracy, margin) of the tier after the one at ``accuracy``: Warp's default, which
+    always decides."""
     return WINDING_ACCURACY, 0.0
 
 
@@ -150,7 +149,7 @@ def next_winding_tier(accuracy: float):
 def winding_inside(mesh: wp.uint64, p: wp.vec3) -> bool:
     """Warp's winding-number sign (inside above WINDING_THRESHOLD at WINDING_ACCURACY), from the
     coarsest evaluation that is clear of the threshold by its margin."""
-    # One loop over the tiers, so that Warp's traversal is inlined once (not three times) into
+    # One loop over the tiers, so that Warp's traversal is inlined once (not once per tier) into
     # the large CPU kernels; the last tier has no margin and always decides.
     accuracy = COARSEST_WINDING_ACCURACY
     margin = COARSEST_WINDING_SETTLED

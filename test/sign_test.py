@@ -364,16 +364,13 @@ def _coarse_and_fine_winding(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), accu
     fine[i] = kernels.winding_number(mesh, pts[i], kernels.WINDING_ACCURACY)
 
 
-@pytest.mark.parametrize("tier", ["coarsest", "coarse"])
 @pytest.mark.parametrize("case", corpus.CORPUS, ids=lambda c: c.name)
-def test_coarse_winding_number_within_margin(case, tier):
+def test_coarse_winding_number_within_margin(case):
     """The inside test decides from the winding number at COARSEST_WINDING_ACCURACY unless it lies
-    within COARSEST_WINDING_SETTLED of 0.5, then likewise at COARSE_WINDING_ACCURACY with
-    WINDING_SETTLED; that keeps Warp's own sign only while each coarse accuracy differs from
-    Warp's default by less than its margin. Checked with room to spare (half the margin) on
-    points in, around and near every corpus mesh."""
-    accuracy, margin = {"coarsest": (kernels.COARSEST_WINDING_ACCURACY, kernels.COARSEST_WINDING_SETTLED),
-                        "coarse": (kernels.COARSE_WINDING_ACCURACY, kernels.WINDING_SETTLED)}[tier]
+    within COARSEST_WINDING_SETTLED of 0.5 (then at Warp's default accuracy); that keeps Warp's own
+    sign only while the coarse accuracy differs from Warp's default by less than its margin.
+    Checked with room to spare (half the margin) on points in, around and near every corpus mesh."""
+    accuracy, margin = kernels.COARSEST_WINDING_ACCURACY, kernels.COARSEST_WINDING_SETTLED
 
     v, t = case.build()
     v = np.asarray(v, np.float32)
