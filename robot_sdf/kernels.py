@@ -851,6 +851,10 @@ float closest[16];
 float acc_x[16];
 float acc_y[16];
 float acc_z[16];
+// The weights (Warp's u, v) of each point's closest point on its closest face, as the test that
+// took the face computed them: the sign needs that point again.
+float best_u[16];
+float best_v[16];
 // The ties of each point since its last strictly closer face, kept as face indices and weighed
 // when the traversal is done (most faces a point takes are passed by a closer one later); the
 // ties beyond WARP_TIES are weighed at once.
@@ -911,7 +915,7 @@ auto warp_weighted_normal = [&](int tri, const wp::vec3& pt) RARELY_CALLED {
 };
 // A face within the pruning radius of point j: it joins the ties within the tolerance of the
 // closest face, or, closer by more than the tolerance, starts them anew.
-auto take_warp_candidate = [&](int j, int tri, float dist) {
+auto take_warp_candidate = [&](int j, int tri, float dist, const wp::vec2& bary) {
     if (dist > closest[j] - tie) {
         if (n_ties[j] < WARP_TIES) {
             ties[j][n_ties[j]++] = tri;
@@ -924,10 +928,14 @@ auto take_warp_candidate = [&](int j, int tri, float dist) {
         if (dist < closest[j]) {
             closest[j] = dist;
             best_face[j] = tri;
+            best_u[j] = bary[0];
+            best_v[j] = bary[1];
         }
     } else {
         closest[j] = dist;
         best_face[j] = tri;
+        best_u[j] = bary[0];
+        best_v[j] = bary[1];
         ties[j][0] = tri;
         n_ties[j] = 1;
         acc_x[j] = 0.0f;
@@ -945,6 +953,8 @@ for (int j = 0; j < 16; ++j) {
     fs1[j] = 0.0f;
     fs2[j] = 0.0f;
     best_face[j] = -1;
+    best_u[j] = 0.0f;
+    best_v[j] = 0.0f;
     closest[j] = 0.0f;
     n_ties[j] = 0;
     acc_x[j] = 0.0f;
@@ -1022,7 +1032,7 @@ while (count) {
             const float a_dist = wp::sqrt(a_sq);
             if ((in_reach & 1u) && a_sq < best[0]) {
                 if (warp_sign)
-                    take_warp_candidate(0, tri, a_dist);
+                    take_warp_candidate(0, tri, a_dist, bary_a);
                 else {
                     best[0] = a_sq;
                     best_face[0] = tri;
@@ -1065,7 +1075,7 @@ while (count) {
                 const float dist_sq = wp::length_sq(c - pt);
                 if (dist_sq < best[j]) {
                     if (warp_sign)
-                        take_warp_candidate(j, tri, wp::sqrt(dist_sq));
+                        take_warp_candidate(j, tri, wp::sqrt(dist_sq), bary);
                     else {
                         best[j] = dist_sq;
                         best_face[j] = tri;
@@ -1120,10 +1130,9 @@ for (int j = 0; j < 16; ++j) {
         const wp::vec3 q = m.points[m.indices[tri * 3 + 1]];
         const wp::vec3 r = m.points[m.indices[tri * 3 + 2]];
         const wp::vec3 pt(px[j], py[j], pz[j]);
-        const wp::vec2 bary = wp::closest_point_to_triangle(p, q, r, pt);
         // Warp's closest point, weights rounded as it rounds them.
-        const float v = bary[1];
-        const float w = 1.0f - bary[0] - bary[1];
+        const float v = best_v[j];
+        const float w = 1.0f - best_u[j] - best_v[j];
         const wp::vec3 to_point = pt - (p * (1.0f - v - w) + q * v + r * w);
         // Where every tie's normal faces the same way, so does their weighted sum (the weights
         // are positive); only ties that disagree are weighed.
