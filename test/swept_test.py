@@ -739,24 +739,64 @@ def _closest_points_warp_sign_kernel(
         warp_inside[i, j] = q.sign
 
 
-def test_shared_traversal_signs_points_as_warps_normal_sign_does(device):
-    """mesh_closest_points with warp_sign (the swept kernel's shared traversal on open meshes
-    without sign data) against Warp's own mesh_query_point_sign_normal at the same points: the
-    same distance and the same sign, on lines through vertices and edges (exact ties of faces
-    whose normals disagree: the angle weights decide) and random lines around open surfaces,
-    each point searched within the common bound or within the Lipschitz bound from the line's
-    start (the swept kernel's later traversals)."""
-    v, t = folded_open_surfaces()
-    mesh = wp.Mesh(points=wp.array(v, dtype=wp.vec3, device=device),
-                   indices=wp.array(t.ravel(), dtype=wp.int32, device=device))
-    rng = np.random.default_rng(5)
+def crinkled_fans(count: int = 24, seed: int = 9):
+    """Open cones side by side, each a fan of 8-20 irregular triangles around its apex with a
+    random share of them flipped: below an apex every face of its fan ties at the apex (more ties
+    than mesh_closest_points keeps on the CPU, so the rest are weighed as they come), and their
+    normals disagree, so the angle weights of all of them decide Warp's sign."""
+    rng = np.random.default_rng(seed)
+    vs, ts = [], []
+    for i in range(count):
+        k = int(rng.integers(8, 21))
+        angles = np.sort(rng.uniform(0.0, 2.0 * np.pi, size=k))
+        radius = rng.uniform(0.03, 0.06, size=k)
+        rim = np.stack([radius * np.cos(angles), radius * np.sin(angles), rng.uniform(0.08, 0.12, size=k)], 1)
+        apex = np.zeros((1, 3))
+        tri = np.stack([np.zeros(k, int), 1 + np.arange(k), 1 + (np.arange(k) + 1) % k], 1)
+        flip = rng.random(k) < rng.uniform(0.2, 0.6)
+        tri[flip] = tri[flip][:, ::-1]
+        vs.append(np.concatenate([apex, rim]) + [0.2 * (i % 6), 0.2 * (i // 6), 0.0])
+        ts.append(tri + sum(len(x) for x in vs[:-1]))
+    return np.concatenate(vs).astype(np.float32), np.concatenate(ts).astype(np.int32)
+
+
+def _lines_through_features(v, t, rng):
+    """Lines crossing each vertex and edge midpoint (the sample at s = 0.5 sits on it) and random lines."""
     edge_mid = 0.5 * (v[t[:, 0]] + v[t[:, 1]])
     anchors = np.concatenate([v, edge_mid])
-    # Lines crossing each vertex and edge midpoint (the sample at s = 0.5 sits on it) and random lines.
     direction = rng.normal(size=(len(anchors), 3))
     direction *= rng.uniform(0.02, 0.3, size=(len(anchors), 1)) / np.linalg.norm(direction, axis=1, keepdims=True)
     start = np.concatenate([anchors - 0.5 * direction, rng.uniform(v.min(0) - 0.3, v.max(0) + 0.3, size=(3000, 3))])
-    direction = np.concatenate([direction, rng.normal(scale=0.1, size=(3000, 3))])
+    return start, np.concatenate([direction, rng.normal(scale=0.1, size=(3000, 3))])
+
+
+def _lines_under_apexes(v, rng, per_apex: int = 150):
+    """Lines running down through each fan's apex (crinkled_fans: apexes at z = 0), within the
+    region below it where the apex is every face's closest point."""
+    apexes = np.repeat(v[np.isclose(v[:, 2], 0.0)], per_apex, axis=0)
+    direction = np.concatenate([rng.normal(scale=0.1, size=(len(apexes), 2)), -np.ones((len(apexes), 1))], 1)
+    direction *= rng.uniform(0.02, 0.1, size=(len(apexes), 1)) / np.linalg.norm(direction, axis=1, keepdims=True)
+    start = apexes - rng.uniform(-0.5, 0.3, size=(len(apexes), 1)) * direction
+    return start, direction
+
+
+@pytest.mark.parametrize("surface", ["folded", "fans"])
+def test_shared_traversal_signs_points_as_warps_normal_sign_does(device, surface):
+    """mesh_closest_points with warp_sign (the swept kernel's shared traversal on open meshes
+    without sign data) against Warp's own mesh_query_point_sign_normal at the same points: the
+    same distance and the same sign, on lines through vertices and edges (exact ties of faces
+    whose normals disagree: the angle weights decide), random lines around open surfaces and, on
+    crinkled fans, lines under apexes where more faces tie than the traversal keeps, each point
+    searched within the common bound or within the Lipschitz bound from the line's start (the
+    swept kernel's later traversals)."""
+    v, t = folded_open_surfaces() if surface == "folded" else crinkled_fans()
+    mesh = wp.Mesh(points=wp.array(v, dtype=wp.vec3, device=device),
+                   indices=wp.array(t.ravel(), dtype=wp.int32, device=device))
+    rng = np.random.default_rng(5)
+    start, direction = _lines_through_features(v, t, rng)
+    if surface == "fans":
+        under_start, under_direction = _lines_under_apexes(v, rng)
+        start, direction = np.concatenate([start, under_start]), np.concatenate([direction, under_direction])
     n = len(start)
     outs = [wp.zeros((n, 9), dtype=dt, device=device) for dt in (wp.int32, wp.float32) * 3]
     wp.launch(_closest_points_warp_sign_kernel, dim=n, inputs=[mesh.id, wp.array(start, dtype=wp.vec3, device=device),
@@ -780,7 +820,19 @@ def test_shared_traversal_signs_points_as_warps_normal_sign_does(device):
     off_surface = d_warp > 1e-4
     assert off_surface.mean() > 0.95
     disagree = off_surface & (inside != warp_inside)
-    assert not disagree.any(), f"{disagree.sum()} points signed unlike Warp, e.g. {pts[disagree][:3]}"
+    # The one case left to Warp's visit order (design.md section 4): faces tied in a chain wider
+    # than the tolerance, which only exists where some face lies between 1 and 2 tolerances
+    # beyond the closest one (without one, every face Warp weighs is within the tolerance).
+    tri = v[t]
+    tol = 1e-3 * np.mean(np.linalg.norm(tri - np.roll(tri, 1, axis=1), axis=2))
+    chains = 0
+    for point in pts[disagree]:
+        gap = np.linalg.norm(ref.closest_point_triangles(np.repeat(point[None], len(t), 0), *tri.transpose(1, 0, 2))
+                             - point, axis=1)
+        gap -= gap.min()
+        assert np.any((gap > 0.99 * tol) & (gap < 2.01 * tol)), f"signed unlike Warp without a tie chain: {point}"
+        chains += 1
+    assert chains <= 1e-3 * off_surface.sum(), f"{chains} points signed unlike Warp"
 
 
 @wp.kernel
