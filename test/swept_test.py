@@ -820,9 +820,9 @@ def test_shared_traversal_signs_points_as_warps_normal_sign_does(device, surface
     off_surface = d_warp > 1e-4
     assert off_surface.mean() > 0.95
     disagree = off_surface & (inside != warp_inside)
-    # The one case left to Warp's visit order (design.md section 4): faces tied in a chain wider
-    # than the tolerance, which only exists where some face lies between 1 and 2 tolerances
-    # beyond the closest one (without one, every face Warp weighs is within the tolerance).
+    # The one case left to Warp's visit order (docs/design.md, "Cost definition"): faces tied
+    # in a chain wider than the tolerance, which only exists where some face lies between 1 and
+    # 2 tolerances beyond the closest one (without one, every face Warp weighs is within it).
     tri = v[t]
     tol = 1e-3 * np.mean(np.linalg.norm(tri - np.roll(tri, 1, axis=1), axis=2))
     chains = 0
