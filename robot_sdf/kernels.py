@@ -71,6 +71,10 @@ WINDING_THRESHOLD = wp.constant(0.5)
 # faster and no corpus mesh slower (docs/benchmarks.md, session 22).
 COARSEST_WINDING_ACCURACY = wp.constant(1.25)
 COARSEST_WINDING_SETTLED = wp.constant(0.25)
+# Bound on |Warp's winding number at WINDING_ACCURACY - the exact one| (its far-field
+# approximation) that the swept samples' shortcut counts twice (docs/sign_methods.md): measured at
+# most 0.0047 over the test corpus and the perception scan; sign_test keeps it below half this.
+WINDING_APPROXIMATION_ERROR = wp.constant(0.02)
 SIGN_DATA_MAGIC = wp.constant(7.0e5)  # robot_sdf.mesh_analysis.SIGN_DATA_MAGIC
 # Direction of the ray that tells a deep point of a closed shell inside from outside (oblique so
 # that it rarely runs along an axis-aligned edge of a CAD mesh).
@@ -146,19 +150,29 @@ def next_winding_tier(accuracy: float):
 
 
 @wp.func
-def winding_inside(mesh: wp.uint64, p: wp.vec3) -> bool:
-    """Warp's winding-number sign (inside above WINDING_THRESHOLD at WINDING_ACCURACY), from the
-    coarsest evaluation that is clear of the threshold by its margin."""
+def winding_clearance(mesh: wp.uint64, p: wp.vec3):
+    """(winding_inside(mesh, p), c): c > 0 bounds how far Warp's winding number of p at
+    WINDING_ACCURACY is from WINDING_THRESHOLD (a coarse tier's value gives its own distance less
+    the tier's margin)."""
     # One loop over the tiers, so that Warp's traversal is inlined once (not once per tier) into
     # the large CPU kernels; the last tier has no margin and always decides.
     accuracy = COARSEST_WINDING_ACCURACY
     margin = COARSEST_WINDING_SETTLED
     while True:
-        verdict = winding_verdict(winding_number(mesh, p, accuracy), margin)
+        w = winding_number(mesh, p, accuracy)
+        verdict = winding_verdict(w, margin)
         if verdict >= 0:
-            return verdict == 1
+            return verdict == 1, wp.abs(w - WINDING_THRESHOLD) - margin
         accuracy, margin = next_winding_tier(accuracy)
-    return False
+    return False, 0.0
+
+
+@wp.func
+def winding_inside(mesh: wp.uint64, p: wp.vec3) -> bool:
+    """Warp's winding-number sign (inside above WINDING_THRESHOLD at WINDING_ACCURACY), from the
+    coarsest evaluation that is clear of the threshold by its margin."""
+    inside, clearance = winding_clearance(mesh, p)
+    return inside
 
 
 @wp.func
@@ -166,12 +180,34 @@ def sign_data_offset(mesh: wp.uint64) -> int:
     """Index of the bounding box entry in robot_sdf's sign data (mesh_analysis module docstring),
     or -1 for a mesh built elsewhere (then Warp's own sign queries are used)."""
     m = wp.mesh_get(mesh)
-    base = m.points.shape[0] + m.indices.shape[0]
-    if m.velocities.shape[0] != base + 5:
+    base = m.velocities.shape[0] - 5
+    normals = m.points.shape[0] + m.indices.shape[0]
+    if base < normals:
         return -1
     if m.velocities[base + 2][0] != SIGN_DATA_MAGIC:
         return -1
+    if base != normals + 3 * int(m.velocities[base + 4][2]):
+        return -1
     return base
+
+
+@wp.func
+def rim_slope(mesh: wp.uint64, data: int, p: wp.vec3, reach: float) -> float:
+    """A bound on |grad w| of the exact winding number everywhere within ``reach`` of mesh-frame
+    p off the surface (mesh_analysis module docstring, "Rim"): (1/4 pi) sum over the rim chunks of
+    length / (box distance - reach)^2; UNBOUNDED where a chunk's box comes within reach."""
+    m = wp.mesh_get(mesh)
+    chunks = int(m.velocities[data + 4][2])
+    first = data - 3 * chunks
+    total = float(0.0)
+    for c in range(chunks):
+        gap = wp.length(wp.max(wp.max(m.velocities[first + 3 * c] - p, p - m.velocities[first + 3 * c + 1]),
+                               wp.vec3(0.0, 0.0, 0.0))) - reach
+        if gap <= 0.0:
+            return UNBOUNDED
+        total += m.velocities[first + 3 * c + 2][0] / (gap * gap)
+    # float32 rounding of the sum and the distances: far below the margin.
+    return total * (1.0001 / (4.0 * wp.pi))
 
 
 @wp.func
@@ -399,6 +435,20 @@ def closed_inside_bound(mesh: wp.uint64, p: wp.vec3) -> float:
 
 
 @wp.func
+def open_winding_outside(mesh: wp.uint64, data: int, p: wp.vec3, searched: float) -> bool:
+    """Whether mesh-frame p, with no surface of the mesh within ``searched``, is outside by the
+    bounds of the exact winding number of a surface that is not closed (its winding number may
+    pass 0.5 outside its box): beyond the winding radius, or |w| <= A / (4 pi d^2) < 1/2 with d
+    the distance to the surface, at least ``searched`` and at least the distance to the box."""
+    m = wp.mesh_get(mesh)
+    if wp.length(p) > m.velocities[data + 3][0]:
+        return True
+    gap = wp.length(wp.max(wp.max(m.velocities[data] - p, p - m.velocities[data + 1]), wp.vec3(0.0, 0.0, 0.0)))
+    far = wp.max(searched, gap)
+    return m.velocities[data + 4][0] < 2.0 * wp.pi * far * far
+
+
+@wp.func
 def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_radius: float, sign_method: int,
                          need: float):
     """Signed distance of mesh-frame point p to one mesh, searched up to ``bound`` outside.
@@ -466,14 +516,7 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
             hi = m.velocities[data + 1]
             winding_info = m.velocities[data + 3]
             if winding and winding_info[1] == 0.0:
-                # Not a closed surface: its winding number may pass 0.5 outside the box, but
-                # |w| <= A / (4 pi d^2) with d the distance to the surface, which is at least
-                # the search bound and at least the distance to the box.
-                if centre_dist > winding_info[0]:
-                    return found, sd, grad
-                box_gap = wp.length(wp.max(wp.max(lo - p, p - hi), wp.vec3(0.0, 0.0, 0.0)))
-                far = wp.max(first, box_gap)
-                if m.velocities[data + 4][0] < 2.0 * wp.pi * far * far:
+                if open_winding_outside(mesh, data, p, first):
                     return found, sd, grad
             elif p[0] < lo[0] or p[1] < lo[1] or p[2] < lo[2] or p[0] > hi[0] or p[1] > hi[1] or p[2] > hi[2]:
                 return found, sd, grad
@@ -1620,6 +1663,26 @@ def swept_slot_cost(
 
 
 @wp.func
+def rim_settled_lanes(n_prev: int, n_next: int, len_prev: float, len_next: float, inv_2k: float, apart: float,
+                      slope_prev: float, slope_next: float, clearance: float) -> int:
+    """Lanes of mesh_closest_points' first traversal of a step (p, n_prev samples at distances
+    k inv_2k len_prev, k = 1.., then n_next at k inv_2k len_next) whose inside test Warp's winding
+    number decides as it decides p's (docs/sign_methods.md, "Swept samples"): the segment from p
+    meets no surface (shorter than ``apart``), and along it the exact winding number moves less than
+    p's ``clearance`` (rim_slope of each side's half length, times the distance) less twice
+    WINDING_APPROXIMATION_ERROR."""
+    lanes = int(0)
+    for j in range(1, 16):
+        if j <= n_prev + n_next:
+            on_prev = j <= n_prev
+            reach = float(wp.where(on_prev, j, j - n_prev)) * inv_2k * wp.where(on_prev, len_prev, len_next)
+            if reach < apart and reach * wp.where(on_prev, slope_prev, slope_next) \
+                    + 2.0 * WINDING_APPROXIMATION_ERROR < clearance:
+                lanes = lanes | (1 << j)
+    return lanes
+
+
+@wp.func
 def batched_winding_inside(mesh: wp.uint64, p: wp.vec3, seg_prev: wp.vec3, seg_next: wp.vec3, ds: float,
                            n_prev: int, n_next: int, lanes: int) -> int:
     """winding_inside of the points of mesh_closest_points' first traversal of a step (p, then
@@ -1701,6 +1764,18 @@ def open_swept_slot_cost(
     last_s = float(0.0)
     to_neighbour = wp.vec3(0.0, 0.0, 0.0)
     mask = int(0)
+    # The rim shortcut of the winding number (rim_settled_lanes): p's verdict, once known, and what
+    # it settles.
+    p_known = bool(False)
+    p_inside = bool(False)
+    p_clearance = float(0.0)
+    p_apart = float(0.0)
+    slope_prev = float(0.0)
+    slope_next = float(0.0)
+    settled = int(0)
+    p_delta = wp.vec3(0.0, 0.0, 0.0)
+    p_dist = float(0.0)
+    p_outward = wp.vec3(0.0, 0.0, 0.0)
     # Point 0 is p, then side 0's samples k = 1..K, then side 1's: one evaluation site for all.
     for i in range(2 * sweep_steps + 1):
         side = wp.where(i > sweep_steps, 1, 0)
@@ -1730,13 +1805,40 @@ def open_swept_slot_cost(
             if first:
                 batch = fresh
                 if winding:
-                    # The winding numbers of the points found, in shared traversals too.
+                    # The winding numbers of the points found, in shared traversals too, except
+                    # where the rim shortcut gives a sample p's verdict.
                     found_lanes = int(0)
                     for j in range(16):
                         if face_of(batch[j]) >= 0:
                             found_lanes = found_lanes | (1 << j)
+                    p_face = face_of(batch[0])
+                    # No surface within p_apart of p: a sample nearer p reaches it without crossing.
+                    p_apart = reach_b
+                    if p_face >= 0:
+                        p_delta, p_dist, unused_inside, p_outward = closest_feature(mesh, p, p_face, 1.0, data, False)
+                        p_apart = p_dist * 0.9999
+                    if has_prev != 0:
+                        slope_prev = rim_slope(mesh, data, p, 0.5 * wp.length(seg_prev))
+                    if has_next != 0:
+                        slope_next = rim_slope(mesh, data, p, 0.5 * wp.length(seg_next))
+                    wanted = found_lanes
+                    if p_face >= 0 or not open_winding_outside(mesh, data, p, reach_b):
+                        wanted = -1
+                    # p's winding number is evaluated on its own only where it may settle a
+                    # sample (a clearance above 1/2 needs nested surfaces).
+                    if rim_settled_lanes(has_prev * n_first, has_next * n_first, wp.length(seg_prev),
+                                         wp.length(seg_next), inv_2k, p_apart, slope_prev, slope_next,
+                                         0.5) & wanted & ~1 != 0:
+                        p_inside, p_clearance = winding_clearance(mesh, p)
+                        p_known = True
+                        settled = rim_settled_lanes(has_prev * n_first, has_next * n_first, wp.length(seg_prev),
+                                                    wp.length(seg_next), inv_2k, p_apart, slope_prev, slope_next,
+                                                    p_clearance) | 1
+                        found_lanes = found_lanes & ~settled
                     inside_lanes = batched_winding_inside(mesh, p, seg_prev, seg_next, inv_2k, has_prev * n_first,
                                                           has_next * n_first, found_lanes)
+                    if p_inside:
+                        inside_lanes = inside_lanes | settled
             else:
                 side_batch = fresh
                 batch_start = k
@@ -1753,16 +1855,34 @@ def open_swept_slot_cost(
         found = int(0)
         sd = float(0.0)
         grad_sd = wp.vec3(0.0, 0.0, 0.0)
+        # p's verdict holds here (the rim shortcut), for a sample of a later batch too.
+        as_p = bool(False)
+        if p_known:
+            if in_side_batch:
+                reach_q = sk * wp.length(segment)
+                as_p = reach_q < p_apart and reach_q * wp.where(side == 0, slope_prev, slope_next) \
+                    + 2.0 * WINDING_APPROXIMATION_ERROR < p_clearance
+            else:
+                as_p = ((settled >> lane) & 1) != 0
         if face >= 0:
             inside_q = warp_inside(entry)
             if winding:
-                if in_side_batch:
+                if in_side_batch and not as_p:
                     inside_q = wp.where(winding_inside(mesh, q), -1.0, 1.0)
+                elif in_side_batch:
+                    inside_q = wp.where(p_inside, -1.0, 1.0)
                 else:
                     inside_q = wp.where(((inside_lanes >> lane) & 1) != 0, -1.0, 1.0)
-            d_vec, dist, inside, outward = closest_feature(mesh, q, face, inside_q, data, data >= 0 and not winding)
-            sd, grad_sd = signed_result(d_vec, dist, inside, outward)
+            if i == 0 and winding:
+                sd, grad_sd = signed_result(p_delta, p_dist, inside_q, p_outward)
+            else:
+                d_vec, dist, inside, outward = closest_feature(mesh, q, face, inside_q, data,
+                                                               data >= 0 and not winding)
+                sd, grad_sd = signed_result(d_vec, dist, inside, outward)
             found = 1
+        elif as_p and not p_inside:
+            # Outside and nothing within r + eta: no cost, as mesh_signed_distance would find.
+            found = 0
         else:
             search = bound
             if last_abs >= 0.0:

@@ -5,21 +5,35 @@ for self-intersections), never per query.
 
 Sign data: robot_sdf stores per-mesh data next to the BVH in the Warp mesh's ``velocities``
 array (Warp only reads it in ``mesh_eval_velocity``, which robot_sdf never calls), so a kernel
-that holds nothing but the mesh id can reach it. Layout, for V vertices and T triangles::
+that holds nothing but the mesh id can reach it. Layout, for V vertices, T triangles and K rim
+chunks (below), with B = V + 3T + 3K::
 
     [0, V)          angle-weighted pseudo-normal of each vertex (unit; zero if unused)
     [V, V + 3T)     pseudo-normal of edge k of triangle f at V + 3 f + k; edge k joins corners
                     k and (k + 1) % 3 (sum of the normals of every triangle on that edge)
-    V + 3T          lower corner of the mesh's axis-aligned bounding box (kernel frame)
-    V + 3T + 1      upper corner
-    V + 3T + 2      (SIGN_DATA_MAGIC, winding-number support 0/1, the mesh's own sign method)
-    V + 3T + 3      (winding radius, 1 if the bounding box bounds the winding-number inside,
+    V + 3T + 3c     lower corner of the box of rim chunk c (kernel frame), c < K
+    V + 3T + 3c + 1 upper corner
+    V + 3T + 3c + 2 (length of the chunk's rim edges, each times its multiplicity, 0, 0)
+    B               lower corner of the mesh's axis-aligned bounding box (kernel frame)
+    B + 1           upper corner
+    B + 2           (SIGN_DATA_MAGIC, winding-number support 0/1, the mesh's own sign method)
+    B + 3           (winding radius, 1 if the bounding box bounds the winding-number inside,
                      1 if the mesh has slivers: closest points are then re-searched in float64)
-    V + 3T + 4      (total area A, 1 if MeshWorld classified the mesh (auto, or normal asked
+    B + 4           (total area A, 1 if MeshWorld classified the mesh (auto, or normal asked
                      for) as the boundary of a solid: closed, consistently oriented shells
                      without self-intersections, one or several (classify's ``solid``; not on a
                      refit); the kernels then use the pseudo-normal sign for `normal` and
-                     `winding_number` alike (equal there), 0)
+                     `winding_number` alike (equal there), K)
+
+Rim: the welded edges whose uses in one direction and the other do not cancel (the boundary of an
+open surface; flipped and non-manifold edges too), each with that net multiplicity. Off the
+surface, the gradient of the exact winding number is a line integral over the rim alone (the
+solid angle's gradient is the Biot-Savart field of the boundary curve), so
+|grad w(x)| <= sum over rim edges of multiplicity x length / (4 pi dist(x, edge)^2). The rim is
+cut into at most RIM_CHUNKS spatially compact chunks (a median split along the longest axis of
+the edge midpoints at build; a refit keeps the chunks and rewrites their boxes and lengths);
+the kernels bound that sum with each chunk's box distance and length, and a swept step's samples
+then share the winding number verdict of its centre where the bound allows (docs/sign_methods.md).
 
 Inside test far from the surface: a closed surface (every edge used as often in one direction
 as in the other, any number of shells) has an integer winding number, 0 outside its bounding
@@ -48,7 +62,9 @@ from robot_sdf.types import SignMethod
 wp.set_module_options({"enable_backward": False})
 
 SIGN_DATA_MAGIC = 7.0e5  # an exact float32 that no velocity array of an ordinary mesh holds there
-SIGN_DATA_EXTRA = 5  # entries after the vertex and edge normals
+SIGN_DATA_EXTRA = 5  # entries after the vertex and edge normals and the rim chunks
+RIM_CHUNKS = 16  # at most: boxes whose distances bound the winding number's gradient
+RIM_ROWS_PER_CHUNK = wp.constant(3)
 # Longest edge / height above which a triangle is a sliver: Warp's float32 closest-point search
 # may then pick a triangle up to ~1e-4 m farther than the closest one.
 SLIVER_ASPECT = 20.0
@@ -131,9 +147,49 @@ class SignTopology:
     edge_of_corner: np.ndarray  # (3T,) int32 undirected welded edge k (corners k, k+1) of triangle f
     n_edges: int
     balanced: bool              # every welded edge used as often in each direction
+    # The rim (module docstring), edges grouped by chunk: chunk c holds rim edges
+    # rim_start[c] .. rim_start[c + 1] - 1; each joins welded vertices rim_ends[i] with that
+    # net multiplicity rim_multiplicity[i].
+    rim_ends: np.ndarray        # (R,2) int32
+    rim_multiplicity: np.ndarray  # (R,) float32, >= 1
+    rim_start: np.ndarray       # (K + 1,) int32
+
+    @property
+    def rim_chunks(self) -> int:
+        return self.rim_start.shape[0] - 1
+
+    @property
+    def rows(self) -> int:
+        """Rows of the sign data: V + 3T + 3K + 5 (module docstring)."""
+        return (self.welded.shape[0] + 3 * self.triangles.shape[0] + RIM_ROWS_PER_CHUNK * self.rim_chunks
+                + SIGN_DATA_EXTRA)
 
 
-def sign_topology(triangles: np.ndarray, welded: np.ndarray) -> SignTopology:
+def _rim_chunk_order(midpoints: np.ndarray, chunks: int) -> tuple[np.ndarray, np.ndarray]:
+    """(order of the edges, (chunks + 1,) chunk starts in that order): median splits along the
+    longest axis of the midpoints' extent, so that each chunk's box stays small."""
+    pieces = [(np.arange(midpoints.shape[0]), chunks)]
+    done = []
+    while pieces:
+        idx, n = pieces.pop()
+        if n <= 1 or idx.shape[0] <= 1:
+            done.append(idx)
+            continue
+        pts = midpoints[idx]
+        axis = int(np.argmax(np.ptp(pts, axis=0)))
+        idx = idx[np.argsort(pts[:, axis], kind="stable")]
+        half = idx.shape[0] * (n // 2) // n
+        pieces.append((idx[half:], n - n // 2))
+        pieces.append((idx[:half], n // 2))
+    done = [d for d in done if d.shape[0]]
+    starts = np.zeros(len(done) + 1, np.int32)
+    starts[1:] = np.cumsum([d.shape[0] for d in done])
+    return (np.concatenate(done) if done else np.zeros(0, np.int64)), starts
+
+
+def sign_topology(triangles: np.ndarray, welded: np.ndarray, points: np.ndarray | None = None) -> SignTopology:
+    """``points`` (V,3): positions that group the rim into chunks (any grouping is valid; without
+    them, the edges' order)."""
     tri = np.asarray(triangles, np.int64).reshape(-1, 3)
     wt = welded[tri]
     unique, inverse = _unique(_edge_keys(wt, welded.shape[0]).reshape(-1), return_inverse=True)
@@ -142,9 +198,23 @@ def sign_topology(triangles: np.ndarray, welded: np.ndarray) -> SignTopology:
     # bincount, not np.add.at (which holds the GIL); sums of +-1 are exact in float64.
     direction = np.sign(np.roll(wt, -1, axis=1) - wt).reshape(-1).astype(np.float64)
     balance = np.bincount(inverse, weights=direction, minlength=unique.shape[0])
+    rim = np.flatnonzero(balance != 0)
+    n_vertices = np.int64(welded.shape[0])
+    ends = np.stack([unique[rim] // n_vertices, unique[rim] % n_vertices], axis=1) if n_vertices else \
+        np.zeros((0, 2), np.int64)
+    multiplicity = np.abs(balance[rim])
+    if points is not None and rim.shape[0]:
+        p = np.asarray(points, np.float64).reshape(-1, 3)
+        order, starts = _rim_chunk_order(0.5 * (p[ends[:, 0]] + p[ends[:, 1]]), RIM_CHUNKS)
+    else:
+        order = np.arange(rim.shape[0])
+        starts = np.linspace(0, rim.shape[0], min(RIM_CHUNKS, rim.shape[0]) + 1).astype(np.int32)
     return SignTopology(triangles=np.asarray(triangles, np.int32).reshape(-1, 3), welded=welded,
                         welded_corner=wt.reshape(-1).astype(np.int32), edge_of_corner=inverse.astype(np.int32),
-                        n_edges=int(unique.shape[0]), balanced=bool(np.all(balance == 0)))
+                        n_edges=int(unique.shape[0]), balanced=rim.shape[0] == 0,
+                        rim_ends=np.ascontiguousarray(ends[order], np.int32),
+                        rim_multiplicity=np.ascontiguousarray(multiplicity[order], np.float32),
+                        rim_start=starts.astype(np.int32))
 
 
 # ---------------------------------------------------------------------------------------- sign data
@@ -254,6 +324,32 @@ def write_pseudo_normal(
 
 
 @wp.func
+def write_rim_chunk(
+    c: int,
+    points: wp.array(dtype=wp.vec3),
+    rim_ends: wp.array2d(dtype=wp.int32),
+    rim_multiplicity: wp.array(dtype=wp.float32),
+    rim_start: wp.array(dtype=wp.int32),
+    first: int,
+    out: wp.array(dtype=wp.vec3),
+):
+    """The three rows of rim chunk c at first + 3 c: its edges' box and their length times
+    multiplicity (float64, rounded up to float32: the kernels' bound may only grow)."""
+    lower = wp.vec3(wp.inf, wp.inf, wp.inf)
+    upper = wp.vec3(-wp.inf, -wp.inf, -wp.inf)
+    length = wp.float64(0.0)
+    for i in range(rim_start[c], rim_start[c + 1]):
+        a = points[rim_ends[i, 0]]
+        b = points[rim_ends[i, 1]]
+        lower = wp.min(lower, wp.min(a, b))
+        upper = wp.max(upper, wp.max(a, b))
+        length += wp.float64(rim_multiplicity[i]) * wp.length(wp.vec3d(b) - wp.vec3d(a))
+    out[first + 3 * c] = lower
+    out[first + 3 * c + 1] = upper
+    out[first + 3 * c + 2] = wp.vec3(wp.float32(length * wp.float64(1.000001)), 0.0, 0.0)
+
+
+@wp.func
 def write_sign_extras(
     stats: wp.array(dtype=wp.float64),
     box: wp.array(dtype=wp.float32),
@@ -261,10 +357,11 @@ def write_sign_extras(
     winding_support: float,
     closed: float,
     method: float,
+    rim_chunks: int,
     out: wp.array(dtype=wp.vec3),
     radii: wp.array(dtype=wp.float64),
 ):
-    """The five rows after the normals (module docstring); radii = (bounding radius, winding radius)."""
+    """The five rows after the rim chunks (module docstring); radii = (bounding radius, winding radius)."""
     area = wp.float64(0.5) * stats[STAT_AREA2]
     radius = wp.sqrt(stats[STAT_RADIUS2])
     # Beyond the winding radius (from the kernel-frame origin) the winding number is below 0.5.
@@ -276,7 +373,7 @@ def write_sign_extras(
     out[first + 1] = wp.vec3(box[3], box[4], box[5])
     out[first + 2] = wp.vec3(SIGN_DATA_MAGIC, winding_support, method)
     out[first + 3] = wp.vec3(wp.float32(winding_radius), closed, slivers)
-    out[first + 4] = wp.vec3(wp.float32(area), 0.0, 0.0)
+    out[first + 4] = wp.vec3(wp.float32(area), 0.0, float(rim_chunks))
     radii[0] = radius
     radii[1] = winding_radius
 
@@ -320,6 +417,18 @@ def write_pseudo_normals_kernel(
 
 
 @wp.kernel
+def write_rim_chunks_kernel(
+    points: wp.array(dtype=wp.vec3),
+    rim_ends: wp.array2d(dtype=wp.int32),
+    rim_multiplicity: wp.array(dtype=wp.float32),
+    rim_start: wp.array(dtype=wp.int32),
+    first: int,
+    out: wp.array(dtype=wp.vec3),
+):
+    write_rim_chunk(wp.tid(), points, rim_ends, rim_multiplicity, rim_start, first, out)
+
+
+@wp.kernel
 def write_sign_extras_kernel(
     stats: wp.array(dtype=wp.float64),
     box: wp.array(dtype=wp.float32),
@@ -327,10 +436,11 @@ def write_sign_extras_kernel(
     winding_support: float,
     closed: float,
     method: float,
+    rim_chunks: int,
     out: wp.array(dtype=wp.vec3),
     radii: wp.array(dtype=wp.float64),
 ):
-    write_sign_extras(stats, box, first, winding_support, closed, method, out, radii)
+    write_sign_extras(stats, box, first, winding_support, closed, method, rim_chunks, out, radii)
 
 
 @wp.kernel
@@ -347,6 +457,9 @@ def sign_data_serial_kernel(
     welded: wp.array(dtype=wp.int32),
     welded_corner: wp.array(dtype=wp.int32),
     edge_of_corner: wp.array(dtype=wp.int32),
+    rim_ends: wp.array2d(dtype=wp.int32),
+    rim_multiplicity: wp.array(dtype=wp.float32),
+    rim_start: wp.array(dtype=wp.int32),
     vertex_sum: wp.array(dtype=wp.vec3d),
     edge_sum: wp.array(dtype=wp.vec3d),
     stats: wp.array(dtype=wp.float64),
@@ -369,7 +482,11 @@ def sign_data_serial_kernel(
     first = points.shape[0] + 3 * n_triangles
     for i in range(first):
         write_pseudo_normal(i, points, welded, edge_of_corner, vertex_sum, edge_sum, stats, box, out)
-    write_sign_extras(stats, box, first, winding_support, closed, method, out, radii)
+    rim_chunks = rim_start.shape[0] - 1
+    for c in range(rim_chunks):
+        write_rim_chunk(c, points, rim_ends, rim_multiplicity, rim_start, first, out)
+    write_sign_extras(stats, box, first + RIM_ROWS_PER_CHUNK * rim_chunks, winding_support, closed, method,
+                      rim_chunks, out, radii)
 
 
 class SignDataWriter:
@@ -383,12 +500,15 @@ class SignDataWriter:
         self.device = wp.get_device(device)
         self.one_launch = self.device.is_cpu if one_launch is None else bool(one_launch)
         n_vertices, n_triangles = topology.welded.shape[0], topology.triangles.shape[0]
-        self.rows = n_vertices + 3 * n_triangles + SIGN_DATA_EXTRA
+        self.rows = topology.rows
         dev = self.device
         self._triangles = wp.array(topology.triangles.reshape(-1), dtype=wp.int32, device=dev)
         self._welded = wp.array(topology.welded.astype(np.int32), dtype=wp.int32, device=dev)
         self._welded_corner = wp.array(topology.welded_corner, dtype=wp.int32, device=dev)
         self._edge_of_corner = wp.array(topology.edge_of_corner, dtype=wp.int32, device=dev)
+        self._rim_ends = wp.array(topology.rim_ends.reshape(-1, 2), dtype=wp.int32, device=dev)
+        self._rim_multiplicity = wp.array(topology.rim_multiplicity, dtype=wp.float32, device=dev)
+        self._rim_start = wp.array(topology.rim_start, dtype=wp.int32, device=dev)
         self._vertex_sum = wp.empty(n_vertices, dtype=wp.vec3d, device=dev)
         self._edge_sum = wp.empty(topology.n_edges, dtype=wp.vec3d, device=dev)
         self._stats = wp.empty(3, dtype=wp.float64, device=dev)
@@ -398,7 +518,7 @@ class SignDataWriter:
     def write(self, raw: wp.array, centre, points: wp.array, out: wp.array, winding_number: bool,
               method: SignMethod) -> tuple[float, float]:
         """Kernel-frame points ``raw - centre`` into ``points`` (V,) vec3 and their sign data into
-        ``out`` (V + 3T + 5,) vec3, all on the writer's device (``raw`` (V,) vec3 mesh-frame
+        ``out`` (V + 3T + 3K + 5,) vec3, all on the writer's device (``raw`` (V,) vec3 mesh-frame
         vertices, ``centre`` (3,) the geometry's centre [m]); returns (bounding radius, winding
         radius) [m] about the kernel-frame origin (read back: on CUDA this waits for Warp's
         stream, not the device)."""
@@ -409,7 +529,7 @@ class SignDataWriter:
         if self.one_launch:
             wp.launch(sign_data_serial_kernel, dim=1,
                       inputs=[raw, centre, points, self._triangles, self._welded, self._welded_corner, self._edge_of_corner,
-                              self._vertex_sum, self._edge_sum, self._stats, self._box, *flags, out, self._radii],
+                              self._rim_ends, self._rim_multiplicity, self._rim_start, self._vertex_sum, self._edge_sum, self._stats, self._box, *flags, out, self._radii],
                       device=dev)
         else:
             wp.launch(centre_points_kernel, dim=n_vertices, inputs=[raw, centre, points], device=dev)
@@ -421,8 +541,14 @@ class SignDataWriter:
             wp.launch(write_pseudo_normals_kernel, dim=n_vertices + 3 * n_triangles,
                       inputs=[points, self._welded, self._edge_of_corner, self._vertex_sum, self._edge_sum,
                               self._stats, self._box, out], device=dev)
+            first_rim = n_vertices + 3 * n_triangles
+            if t.rim_chunks:
+                wp.launch(write_rim_chunks_kernel, dim=t.rim_chunks,
+                          inputs=[points, self._rim_ends, self._rim_multiplicity, self._rim_start, first_rim, out],
+                          device=dev)
             wp.launch(write_sign_extras_kernel, dim=1,
-                      inputs=[self._stats, self._box, n_vertices + 3 * n_triangles, *flags, out, self._radii],
+                      inputs=[self._stats, self._box, first_rim + RIM_ROWS_PER_CHUNK * t.rim_chunks, *flags,
+                              t.rim_chunks, out, self._radii],
                       device=dev)
         radius, winding_radius = self._radii.numpy().tolist()
         return radius, winding_radius
@@ -430,7 +556,7 @@ class SignDataWriter:
 
 def sign_data(vertices: np.ndarray, triangles: np.ndarray, winding_number: bool, method: SignMethod,
               welded: np.ndarray | None = None, topology: SignTopology | None = None) -> np.ndarray:
-    """The (V + 3T + 5, 3) float32 array described in the module docstring, for vertices given
+    """The (V + 3T + 3K + 5, 3) float32 array described in the module docstring, for vertices given
     in the kernel frame (computed on the CPU). ``topology``: sign_topology(triangles, welded),
     when already known.
 
@@ -439,7 +565,7 @@ def sign_data(vertices: np.ndarray, triangles: np.ndarray, winding_number: bool,
     welded vertices (so an unindexed soup gets the normals of the indexed mesh it came from);
     an edge's the normalised sum of the normals of every triangle on it."""
     if topology is None:
-        topology = sign_topology(triangles, weld(vertices) if welded is None else welded)
+        topology = sign_topology(triangles, weld(vertices) if welded is None else welded, vertices)
     writer = SignDataWriter(topology, "cpu")
     points = np.array(vertices, np.float32, copy=True).reshape(-1, 3)  # written in place (raw = points)
     out = np.empty((writer.rows, 3), np.float32)

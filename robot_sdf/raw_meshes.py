@@ -126,13 +126,13 @@ class Twin:
             # positive volume): their pseudo-normals are the exact sign if no self-intersection or
             # nesting turns up, and the mesh is only kept then.
             data = mesh_analysis.sign_data(points, triangles, False, SignMethod.NORMAL, welded=welded)
-            data[-1, 1] = 1.0  # closed shell (mesh_analysis module docstring, row V + 3T + 4)
+            data[-1, 1] = 1.0  # closed shell (mesh_analysis module docstring, row B + 4, the last)
             arrays[:] = self._device_arrays(points, triangles, data)
             return wp.Mesh(points=arrays[0], indices=arrays[1], velocities=arrays[2])
 
         verdict, mesh = mesh_analysis.classify(points, triangles, welded, shell)
         self.closed_shell = verdict.solid and mesh is not None
-        topology = None if self.closed_shell else mesh_analysis.sign_topology(triangles, welded)
+        topology = None if self.closed_shell else mesh_analysis.sign_topology(triangles, welded, points)
         self.winding = topology is not None and topology.balanced
         self.nbytes = 0
         if self.closed_shell:

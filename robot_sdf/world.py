@@ -91,7 +91,7 @@ class _Geometry:
         # auto builds for its self-intersection test can be kept when it chooses normal.
         # Kept while the geometry is in use: a refit reuses it (weld groups, edge indices).
         self.sign_topology: mesh_analysis.SignTopology | None = mesh_analysis.sign_topology(self.triangles,
-                                                                                           self.welded)
+                                                                                           self.welded, centred)
         data = mesh_analysis.sign_data(centred, self.triangles, requested == SignMethod.WINDING_NUMBER,
                                        requested, topology=self.sign_topology)
         self.velocities = wp.array(data, dtype=wp.vec3, device=wdev)
@@ -154,7 +154,7 @@ class _Geometry:
         with self._refit_prepare_lock:
             if self.sign_writer is None:
                 if self.sign_topology is None:  # dropped while the geometry sat in the cache
-                    self.sign_topology = mesh_analysis.sign_topology(self.triangles, self.welded)
+                    self.sign_topology = mesh_analysis.sign_topology(self.triangles, self.welded, vertices)
                 self.sign_writer = mesh_analysis.SignDataWriter(self.sign_topology, dev)
             if dev.is_cpu:  # views of numpy memory: no allocation or copy calls into Warp
                 host = (np.empty_like(vertices), np.empty((self.sign_writer.rows, 3), np.float32))

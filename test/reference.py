@@ -340,6 +340,20 @@ def position_groups(v):
     return np.array([first.setdefault(tuple(p), i) for i, p in enumerate(np.asarray(v, np.float32).tolist())])
 
 
+def loop_rim(v, t, group):
+    """The rim of a mesh by plain loops: (a, b, multiplicity) for every edge between grouped
+    vertices a < b whose uses in one direction and the other do not cancel (the independent
+    reference for the rim rows of sign_data)."""
+    net = {}
+    for f in np.asarray(t).tolist():
+        for k in range(3):
+            a, b = int(group[f[k]]), int(group[f[(k + 1) % 3]])
+            if a != b:
+                key = (min(a, b), max(a, b))
+                net[key] = net.get(key, 0) + (1 if a < b else -1)
+    return [(a, b, abs(n)) for (a, b), n in sorted(net.items()) if n != 0]
+
+
 def loop_pseudo_normals(v, t, group):
     """Angle-weighted vertex normals (V,3) and edge normals (T,3,3) by plain loops, vertices
     grouped by ``group`` (Baerentzen & Aanaes): the independent reference for sign_data."""
