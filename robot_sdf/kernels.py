@@ -1670,10 +1670,10 @@ def rim_settled_lanes(n_prev: int, n_next: int, len_prev: float, len_next: float
                       slope_prev: float, slope_next: float, clearance: float) -> int:
     """Lanes of mesh_closest_points' first traversal of a step (p, n_prev samples at distances
     k inv_2k len_prev, k = 1.., then n_next at k inv_2k len_next) whose inside test Warp's winding
-    number decides as it decides p's (docs/sign_methods.md, "Swept samples"): the segment from p
-    meets no surface (shorter than ``apart``), and along it the exact winding number moves less than
-    p's ``clearance`` (rim_slope of each side's half length, times the distance) less twice
-    WINDING_APPROXIMATION_ERROR."""
+    number decides as it decides p's (docs/sign_methods.md, "Swept samples on open surfaces"): the
+    segment from p meets no surface (shorter than ``apart``), and along it the exact winding number
+    moves less than p's ``clearance`` (rim_slope of each side's half length, times the distance)
+    less twice WINDING_APPROXIMATION_ERROR."""
     lanes = int(0)
     for j in range(1, 16):
         if j <= n_prev + n_next:
