@@ -12,6 +12,7 @@ import warp as wp
 
 import mesh_corpus as corpus
 import reference as ref
+from bench import scenes
 from robot_sdf import MeshWorld, SignMethod, kernels
 from robot_sdf.io import sphere_mesh
 from robot_sdf.warp_primitives import SdfMeshWarpPy
@@ -364,6 +365,19 @@ def _coarse_and_fine_winding(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), accu
     fine[i] = kernels.winding_number(mesh, pts[i], kernels.WINDING_ACCURACY)
 
 
+def _warp_winding_numbers(v: np.ndarray, t, pts: np.ndarray, accuracy: float):
+    """A CPU wp.Mesh of (v, t) with winding-number support, and Warp's winding numbers of pts
+    (N,3) at ``accuracy`` and at WINDING_ACCURACY: (mesh, coarse (N,), fine (N,))."""
+    mesh = wp.Mesh(points=wp.array(v, dtype=wp.vec3, device="cpu"),
+                   indices=wp.array(np.asarray(t, np.int32).reshape(-1), dtype=wp.int32, device="cpu"),
+                   support_winding_number=True)
+    coarse = wp.zeros(len(pts), dtype=float, device="cpu")
+    fine = wp.zeros(len(pts), dtype=float, device="cpu")
+    wp.launch(_coarse_and_fine_winding, len(pts), [mesh.id, wp.array(pts, dtype=wp.vec3, device="cpu"), float(accuracy),
+                                                    coarse, fine], device="cpu")
+    return mesh, coarse.numpy(), fine.numpy()
+
+
 @wp.kernel
 def _surface_distance(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), distance: wp.array(dtype=float)):
     i = wp.tid()
@@ -385,24 +399,12 @@ def test_coarse_winding_number_within_margin(case):
     tri = v[np.asarray(t)]
     near = tri.mean(1) + rng.normal(scale=0.01 * float(np.ptp(v, 0).max()), size=tri.shape[:1] + (3,))
     pts = np.concatenate([corpus.sample_points(v, 4000), near[:4000]]).astype(np.float32)
-    mesh = wp.Mesh(points=wp.array(v, dtype=wp.vec3, device="cpu"),
-                   indices=wp.array(np.asarray(t, np.int32).reshape(-1), dtype=wp.int32, device="cpu"),
-                   support_winding_number=True)
-    coarse = wp.zeros(len(pts), dtype=float, device="cpu")
-    fine = wp.zeros(len(pts), dtype=float, device="cpu")
-    wp.launch(_coarse_and_fine_winding, len(pts), [mesh.id, wp.array(pts, dtype=wp.vec3, device="cpu"), float(accuracy),
-                                                    coarse, fine], device="cpu")
-    gap = np.abs(coarse.numpy() - fine.numpy())
+    _, coarse, fine = _warp_winding_numbers(v, t, pts, accuracy)
+    gap = np.abs(coarse - fine)
     assert gap.max() < 0.5 * margin, (case.name, float(gap.max()))
 
 
 def _perception_scan():
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from bench import scenes
-
     m = scenes.perception_mesh()
     return m.vertices, m.triangles
 
@@ -430,14 +432,8 @@ def test_warp_winding_number_within_approximation_error(name, build, count):
     centres = v[t].mean(1)
     near = centres[rng.choice(len(t), count // 2)] + rng.normal(scale=0.01 * size, size=(count // 2, 3))
     pts = np.concatenate([corpus.sample_points(v, count // 2), near]).astype(np.float32)
-    mesh = wp.Mesh(points=wp.array(v, dtype=wp.vec3, device="cpu"),
-                   indices=wp.array(t.astype(np.int32).reshape(-1), dtype=wp.int32, device="cpu"),
-                   support_winding_number=True)
-    coarse = wp.zeros(len(pts), dtype=float, device="cpu")
-    fine = wp.zeros(len(pts), dtype=float, device="cpu")
-    wp.launch(_coarse_and_fine_winding, len(pts), [mesh.id, wp.array(pts, dtype=wp.vec3, device="cpu"),
-                                                    float(kernels.WINDING_ACCURACY), coarse, fine], device="cpu")
-    error = np.abs(fine.numpy() - ref.winding_number(pts, v, t))
+    mesh, _, fine = _warp_winding_numbers(v, t, pts, kernels.WINDING_ACCURACY)
+    error = np.abs(fine - ref.winding_number(pts, v, t))
     distance = wp.zeros(len(pts), dtype=float, device="cpu")  # Warp's closest point: only a filter
     wp.launch(_surface_distance, len(pts), [mesh.id, wp.array(pts, dtype=wp.vec3, device="cpu"), distance],
               device="cpu")

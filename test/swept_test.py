@@ -12,6 +12,7 @@ import pytest
 import torch
 import warp as wp
 
+import mesh_corpus
 import reference as ref
 from conftest import build_warp_env, scalar
 from robot_sdf import kernels
@@ -447,8 +448,6 @@ def test_contact_heavy_trajectories_through_winding_number_meshes(device, sweep_
     traversal signs each point by its winding number (MeshWorld's meshes and cuRobo-built ones,
     through their winding-number twins) and gives the reference's costs and gradients; deep
     samples, in the overlap and in the inner box, keep their full cost."""
-    import mesh_corpus
-
     rng = np.random.default_rng(90 + sweep_steps)
     ov, ot = mesh_corpus.overlapping_boxes()
     nv, nt = mesh_corpus.nested_shells()
@@ -626,18 +625,21 @@ def test_rim_shortcut_keeps_the_winding_verdicts_through_a_bowl_opening(device, 
     ref.swept_sphere_partials(s, [[ref.RefMesh(v, t)]], ETA, 1.0, max_dist, sweep_steps, samples_out=samples)
     pts = np.concatenate([s[..., :3].reshape(-1, 3), np.stack([q for _, q in samples])])
     owner = np.concatenate([np.arange(s[..., 0].size), [np.ravel_multi_index(k, s.shape[:-1]) for k, _ in samples]])
+    n_spheres = s[..., 0].size
     # Left out: spheres with a point on the surface or whose verdict float32 rounding of the sample
     # position could flip (Warp's winding number within 1e-3 of 0.5).
     _, d, _ = ref.closest_point_mesh(pts, v, t)
     bad = (d < 1e-4) | (warp_winding_inside(mesh_id, pts, 0.499) != warp_winding_inside(mesh_id, pts, 0.501))
-    mask = np.ones(s[..., 0].size, dtype=bool)
+    mask = np.ones(n_spheres, dtype=bool)
     mask[owner[bad]] = False
-    # Spheres whose own step has samples on both sides of 0.5 (the crossings the bound must see).
+    # Spheres with a sample on the other side of 0.5 from their centre (the crossings the bound
+    # must see).
     inside = warp_winding_inside(mesh_id, pts)
-    crossing = np.zeros(s[..., 0].size, dtype=bool)
-    crossing[owner[len(s[..., 0].reshape(-1)):][inside[s[..., 0].size:] != inside[owner[s[..., 0].size:]]]] = True
+    sample_owner = owner[n_spheres:]
+    crossing = np.zeros(n_spheres, dtype=bool)
+    crossing[sample_owner[inside[n_spheres:] != inside[sample_owner]]] = True
+    assert mask.mean() > 0.7 and np.sum(mask & crossing) >= 20, (mask.mean(), np.sum(mask & crossing))
     mask = mask.reshape(s.shape[:-1])
-    assert mask.mean() > 0.7 and np.sum(mask.reshape(-1) & crossing) >= 20, (mask.mean(), np.sum(mask.reshape(-1) & crossing))
     _, cost, g, _ = run_swept(s, world.snapshot(), device, sweep_steps, max_dist=max_dist)
     np.testing.assert_allclose(np_(cost)[mask], c_ref[mask], atol=COST_ATOL, rtol=1e-4)
     np.testing.assert_allclose(np_(g[..., :3])[mask], g_ref[mask], atol=GRAD_ATOL, rtol=1e-4)
@@ -667,7 +669,7 @@ def test_rim_slope_bounds_the_winding_number_gradient(surface):
     inequality over a line integral), so a bound 0.75x too small fails."""
     from robot_sdf import MeshWorld
 
-    v, t = {"sheet": lambda: ref.sheet(0.6, 6), "bowl": open_bowl, "cup": mesh_corpus_open_cup}[surface]()
+    v, t = {"sheet": lambda: ref.sheet(0.6, 6), "bowl": open_bowl, "cup": mesh_corpus.open_cup}[surface]()
     world = MeshWorld(device="cpu", mesh_capacity=1, max_distance=0.2, sign_method=SignMethod.WINDING_NUMBER)
     world.add_mesh("open", v, t)
     mesh_id = int(world.snapshot().mesh_idx[0, 0])
@@ -689,12 +691,6 @@ def test_rim_slope_bounds_the_winding_number_gradient(surface):
     assert ratio.min() >= 1.0, (surface, float(ratio.min()))
     if surface == "sheet":
         assert ratio.min() < 1.33 / 0.75, float(ratio.min())
-
-
-def mesh_corpus_open_cup():
-    import mesh_corpus
-
-    return mesh_corpus.open_cup()
 
 
 def test_off_spheres_contribute_and_receive_nothing(device):
