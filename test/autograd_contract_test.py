@@ -463,13 +463,13 @@ def test_private_shortcuts_match_public_paths(scene, monkeypatch):
         assert torch.equal(a, b)
 
 
-def test_readme_torch_func_example():
-    """The README's "Using robot_sdf with torch.func and torch.compile" example runs as written."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Using robot_sdf with torch.func and torch.compile", 1)[1]
+def test_documented_torch_func_example():
+    """The example of docs/pytorch.md "torch.func and torch.compile" runs as written."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "pytorch.md").read_text()
+    section = page.split("## torch.func and torch.compile", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - the documented example itself
+    exec(compile(code, "docs/pytorch.md", "exec"), namespace)  # noqa: S102 - the documented example itself
     assert namespace["step"].shape == namespace["x"].shape == (8, 1, 10, 4)
     assert namespace["costs"].shape == (3,) and namespace["grads"].shape == (3, 8, 1, 10, 4)
     assert torch.isfinite(namespace["step"]).all()
