@@ -87,3 +87,26 @@ def test_mesh_validation_lives_in_geometry():
     assert vv.dtype == np.float32 and tt.tolist() == [[0, 1, 2]]
     with pytest.raises(ValueError, match="non-zero area"):
         geometry.validate_mesh(np.zeros((3, 3)), [[0, 1, 2]])
+
+
+def _discovered_core_modules() -> list[str]:
+    """Every module of the core as it is on disk: robot_sdf/*.py (the ROS layer, the examples and
+    the tools are subpackages), so a module added later is covered without editing a list."""
+    return sorted("robot_sdf" if p.name == "__init__.py" else f"robot_sdf.{p.stem}" for p in PACKAGE.glob("*.py"))
+
+
+def test_every_core_module_imports_no_ros_module():
+    modules = _discovered_core_modules()
+    assert {"robot_sdf", "robot_sdf.world", "robot_sdf.warp_primitives"} <= set(modules)  # the discovery found the core
+    code = ("import importlib, json, sys\n"
+            f"for m in {modules!r}: importlib.import_module(m)\n"
+            "print(json.dumps(sorted(sys.modules)))\n")
+    import os
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(modules) <= set(loaded)
+    ros = [m for m in loaded if _is_ros_module(m)]
+    assert ros == [], f"core modules loaded ROS modules: {ros}"
