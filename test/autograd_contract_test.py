@@ -479,7 +479,7 @@ def test_documented_torch_func_example():
 def test_torch_compile_reduce_overhead_on_cuda():
     """On CUDA the compiled cost also runs with CUDA graphs (mode="reduce-overhead"; the Warp
     launches between the captured parts), with the eager values and gradients, also after the
-    world changed (not run in sessions without a GPU)."""
+    world changed (not run without a GPU)."""
     world = MeshWorld(device="cuda:0", num_envs=1, max_distance=MAX_DIST, sign_method="normal")
     world.add_mesh("box", BOX_V, BOX_T, BOX_POSE)
     s = torch.from_numpy(random_spheres(14)).to("cuda:0")

@@ -6,7 +6,7 @@ sm_87 (Jetson Orin), sm_89 (RTX 40, L4, L40), sm_90 (H100, H200). The cubins are
 (robot_sdf.tools.cuda_build.default_cache_dir, keyed by Warp's content hash of each module):
 about 45 s of CPU time for all of them on a cold cache on the 2-core CI machine (twice that in
 wall time when the machine is loaded), a fraction of a second warm.
-Per-kernel registers, spills and occupancy: bench/cuda_resources.py, docs/benchmarks.md.
+Per-kernel registers, spills and occupancy: bench/cuda_resources.py, docs/history/benchmarks.md.
 """
 from __future__ import annotations
 

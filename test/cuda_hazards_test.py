@@ -1,4 +1,4 @@
-"""CUDA stream and lifetime hazards of MeshWorld evaluations (issue 9). Skipped without a GPU.
+"""CUDA stream and lifetime hazards of MeshWorld evaluations. Skipped without a GPU.
 
 - a snapshot dropped right after its kernels are queued keeps its meshes and tensors until that
   work has run (the geometry is replaced and evicted from the cache at once);

@@ -9,7 +9,7 @@
   (sphere cost), -max_distance (ESDF). On the CPU the host check raises first, so the kernel
   branch is driven here through the autograd functions directly.
 
-What stays CUDA-only (streams, events, graph capture): docs/benchmarks.md, "CUDA-only branches".
+What stays CUDA-only (streams, events, graph capture): docs/history/benchmarks.md, "CUDA-only branches".
 """
 from __future__ import annotations
 

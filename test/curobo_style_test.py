@@ -1,4 +1,4 @@
-"""bench/curobo_style.py, the timing reference for issue 14's cuRobo comparisons, does the work
+"""bench/curobo_style.py, the timing reference of the benchmarks' comparisons with cuRobo, does the work
 it stands for: its plain cost and gradient equal the numpy reference's, and its swept cost equals
 a numpy run of cuRobo's sample schedule on the reference's signed distances (so a ratio against
 it compares like with like, not against a kernel that skips queries)."""

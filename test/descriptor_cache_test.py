@@ -1,4 +1,4 @@
-"""Cached launch arguments follow the tensors they wrap (issue 20).
+"""Cached launch arguments follow the tensors they wrap.
 
 warp_primitives keeps the validated descriptors of tensors a caller passes call after call (a
 snapshot's world tensors, scalar tensors, per-slot sign tensors). Here each of those tensors is

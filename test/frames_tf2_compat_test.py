@@ -2,8 +2,8 @@
 
 tf2_ros is not among the pip wheels, so the node's tf2 path runs in CI only against this module's
 ``tf2_ros`` stand-in: a Buffer with tf2's lookup rules (robot_sdf's TransformCache, itself tested
-against numpy matrices in frames_test.py) that registers, like tf2_ros_py 0.32.2 up to geometry2
-PR #711, a jump callback defined without ``self`` (every call raises TypeError, which rclpy
+against numpy matrices in frames_test.py) that registers, like tf2_ros_py 0.32.2 up to ros2/geometry2
+pull request 711, a jump callback defined without ``self`` (every call raises TypeError, which rclpy
 re-raises into whoever changed the time). The clock is real rclpy (a ROSClock driven through
 use_sim_time and time overrides), no DDS traffic: the companion node never spins here.
 """

@@ -447,7 +447,7 @@ def test_warp_winding_number_within_approximation_error(name, build, count):
 
 # ------------------------------------------------------------------- winding repaired at add
 def test_inside_out_sphere_is_solid_for_auto(device):
-    """The issue's case: an icosphere with every triangle reversed reads as the solid sphere
+    """An icosphere with every triangle reversed (an inside-out export) reads as the solid sphere
     (centre sd = -0.196 m, not +0.196), and mesh_info says what was repaired."""
     v, t = sphere_mesh(0.2)
     flipped = np.ascontiguousarray(t[:, ::-1])

@@ -306,7 +306,8 @@ def test_stationary_trajectory_is_exactly_the_plain_cost(device, sweep_steps, ki
 
 def test_cost_is_continuous_when_a_neighbour_moves(device):
     """Neighbours exactly on p[t], then 1 um away: the cost moves by at most about 1 um times its
-    slope (the rule before issue 8 jumped from 1x to 9x the plain cost here with sweep_steps 4)."""
+    slope (the old summed-samples rule, bench/legacy_swept.py, jumped from 1x to 9x the plain cost here
+    with sweep_steps 4)."""
     rng = np.random.default_rng(41)
     bv, bt = ref.box((0.4, 0.4, 0.4))
     meshes = [ref.RefMesh(bv, bt)]

@@ -27,7 +27,7 @@ running on the node's clock (``use_sim_time`` is mirrored onto it, also when it 
 Both clear their dynamic transforms when the clock jumps back by JUMP_BACK_NS or more or the time
 source changes, with tf2_ros.Buffer's rule and message, through a jump callback of their own:
 tf2_ros.Buffer's own callback is absent before tf2_ros_py 0.32.2 (Humble, Iron) and raises a
-TypeError from 0.32.2 until geometry2 PR #711 (its ``time_jump_callback`` lacks ``self``), which
+TypeError from 0.32.2 until ros2/geometry2 pull request 711 (its ``time_jump_callback`` lacks ``self``), which
 rclpy re-raises into whoever changed the time, so Tf2Buffer replaces it.
 
 Static transforms given as the ``static_transforms`` parameter are inserted as static ones into
