@@ -1,6 +1,6 @@
 """robot_sdf benchmarks (``python -m bench``): shared timing, table and machine-description helpers.
 
-Benchmarks are not tests: they print Markdown tables (ready to paste into docs/benchmarks.md).
+Benchmarks are not tests: they print Markdown tables (a run replaces docs/results.md).
 Timing policy: every compared case gets a warm-up call, then the cases are run round-robin,
 one call each per round (the starting case rotates from round to round), so that a burst of
 load from other processes hits all of them alike and their ratios stay meaningful; the tables
@@ -69,7 +69,7 @@ def measure(cases: dict[str, Callable[[], object]], reps: int, warmup: int = 1,
     shuffle: a new (seeded) order every round instead of a rotation of one cyclic order, in which
     each case always follows the same case: where cases share memory (the twins shared by raw
     tensors of the same content) the one that follows its sharer finds it in the caches, which
-    moved a 3 ms ratio by 10-35 % (docs/benchmarks.md).
+    moved a 3 ms ratio by 10-35 % (docs/history/benchmarks.md).
 
     sync: called after each call before the clock stops (e.g. torch.cuda.synchronize).
     budget_s: when given, the number of rounds is cut so that the whole measurement takes about

@@ -1,6 +1,6 @@
 """``python -m bench [--quick] [--only core|ros|tf] [--device cpu|cuda]``: run the benchmarks.
 
-Prints the machine description, then Markdown tables (see docs/benchmarks.md for what each
+Prints the machine description, then Markdown tables (see docs/benchmarking.md for what each
 number means). ``--quick`` shrinks every size and repetition count so that the whole run takes
 seconds to tens of seconds: a smoke test of the benchmark code, not a measurement.
 """

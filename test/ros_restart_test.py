@@ -157,7 +157,7 @@ def test_state_dir_restores_the_scene_after_sigkill(tmp_path):
         _wait_scene(s, scene)
         before = _check(s, scene)
         _wait_saved(state_dir, s.distances([[0, 0, 0]])[1])
-        # the producer dies before the node does: its obstacles stay (see README "Restarts")
+        # the producer dies before the node does: its obstacles stay (see docs/reliability.md "Restarts")
         s.ros.node.destroy_publisher(pub)
         s.kill()
         s.start()
