@@ -1,9 +1,9 @@
-"""The one place where robot_sdf reaches into private internals of torch, for per-call overhead.
+"""The one place where robot_sdf reaches into private internals of torch and rclpy, for per-call overhead.
 
 Each shortcut is used only on the library versions it was checked against (SUPPORTED_*) and has
-a public equivalent that test/autograd_contract_test.py compares it with; on other versions the
-public path is taken. (Warp's recorded-launch shortcut, warp_primitives._CpuCall, has the same
-gate: WARP_SHORTCUTS.)
+a public equivalent that a test compares it with (test/autograd_contract_test.py for torch,
+test/world_updates_test.py for rclpy); on other versions the public path is taken. (Warp's
+recorded-launch shortcut, warp_primitives._CpuCall, has the same gate: WARP_SHORTCUTS.)
 
 - direct_apply: torch.autograd.Function.apply is a Python wrapper around the C entry point
   (torch._C._FunctionBase.apply): it binds default arguments with inspect.signature for
@@ -19,11 +19,20 @@ gate: WARP_SHORTCUTS.)
 - plain_tensors: torch._C._DisableFuncTorch, so that module-level caches of constant tensors made
   inside a torch.func transform hold plain tensors. Without it (other torch versions) a cache
   entry first made under a transform would be a wrapper that escapes it.
+- info_logger: rclpy's C logging entry point (rclpy_logging_rcutils_log, where
+  RcutilsLogger.log ends), called with a fixed caller. RcutilsLogger.log looks its caller up with
+  inspect on every call (reading and stat-ing source files): profiled under the node's soak,
+  that was ~20 % of the update worker's time, holding the GIL. The public path is logger.info,
+  taken on other rclpy versions and whenever the entry point is missing or refuses its arguments.
+  rclpy is imported only when info_logger is called: the core never loads ROS.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.metadata
 import inspect
+from typing import Callable
 
 import torch
 from torch.autograd import forward_ad
@@ -31,6 +40,7 @@ import warp as wp
 
 SUPPORTED_TORCH = ("2.13",)
 SUPPORTED_WARP = ("1.19",)
+SUPPORTED_RCLPY = ("7.1", "9.1")  # ROS 2 Jazzy, Kilted
 
 
 def _minor(version: str) -> str:
@@ -111,3 +121,48 @@ def bind_arguments(function, args: tuple, kwargs: dict) -> list:
 
 
 _signatures: dict = {}
+
+
+@functools.cache
+def rclpy_shortcuts() -> bool:
+    """Whether the installed rclpy is one the logging shortcut was checked on (read from its
+    package metadata, without importing it)."""
+    try:
+        return _minor(importlib.metadata.version("rclpy")) in SUPPORTED_RCLPY
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def _rcutils_log_entry():
+    """rclpy's C function behind RcutilsLogger.log, or None where this rclpy lacks it."""
+    try:
+        from rclpy.impl.implementation_singleton import rclpy_implementation
+    except ImportError:
+        return None
+    return getattr(rclpy_implementation, "rclpy_logging_rcutils_log", None)
+
+
+def info_logger(logger, function_name: str, file_path: str, line_number: int) -> Callable[[str], None]:
+    """A callable that logs one line at INFO through ``logger`` (an rclpy RcutilsLogger), the same
+    line ``logger.info(line)`` logs, reported as coming from ``function_name`` in ``file_path``
+    at ``line_number`` (what rcutils' {function_name}, {file_name} and {line_number} print).
+
+    On a checked rclpy it calls the C entry point directly (see the module docstring); elsewhere,
+    or when the entry point has gone or no longer takes these arguments, it calls logger.info, so
+    a change inside rclpy can cost speed but never a log line nor raise into the caller."""
+    entry = _rcutils_log_entry() if rclpy_shortcuts() else None
+    if entry is None:
+        return logger.info
+    from rclpy.logging import LoggingSeverity
+
+    info, name = LoggingSeverity.INFO, logger.name
+
+    def log(line: str) -> None:
+        if not logger.is_enabled_for(info):
+            return
+        try:
+            entry(info, name, line, function_name, file_path, line_number)
+        except TypeError:  # its arguments changed within a supported version
+            logger.info(line)
+
+    return log
