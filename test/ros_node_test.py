@@ -590,7 +590,7 @@ def test_world_update_node_follows_remaps():
         node = SdfServer(context=ctx)
         try:
             assert node.get_name() == "renamed_server"
-            updates = node._updates_node
+            updates = node._world_updates.companion_node
             assert updates.get_name() == "renamed_server_world_updates"
             topics = sorted(s.topic_name for s in updates.subscriptions)
             assert topics == ["/custom_meshes", "/renamed_server/obstacle_poses"]
@@ -615,11 +615,11 @@ def test_an_update_applied_across_a_clock_jump_back_records_no_stamp(server):
         v, t = ref.box((0.2, 0.2, 0.2))
         add = make_mesh_obstacle("jump_box", v, t, np.array([0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]))
         add.header.stamp.sec = 1010
-        worker = threading.Thread(target=node._apply_mesh_update, args=(add,))
+        worker = threading.Thread(target=node._world_updates.apply_mesh_update, args=(add,))
         worker.start()
         assert entered.wait(60.0), "the ADD never started"
-        node._on_time_jump(SimpleNamespace(clock_change=ClockChange.ROS_TIME_NO_CHANGE,
-                                           delta=Duration(nanoseconds=-15 * 10**9)))
+        node._world_updates.on_time_jump(SimpleNamespace(clock_change=ClockChange.ROS_TIME_NO_CHANGE,
+                                                         delta=Duration(nanoseconds=-15 * 10**9)))
         release.set()
         worker.join(60.0)
         assert not worker.is_alive()
@@ -629,7 +629,7 @@ def test_an_update_applied_across_a_clock_jump_back_records_no_stamp(server):
         move = make_mesh_obstacle("jump_box", None, None, np.array([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]),
                                   operation=MeshObstacle.MOVE)
         move.header.stamp.sec = 1001
-        node._apply_mesh_update(move)
+        node._world_updates.apply_mesh_update(move)
         assert float(node.world.signed_distance(probe)[0][1]) == pytest.approx(-0.1, abs=1e-5)
     finally:
         release.set()

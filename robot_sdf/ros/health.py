@@ -1,7 +1,8 @@
-"""Health of the sdf_server node for /diagnostics: what went wrong recently, and how badly.
+"""Diagnostics of the sdf_server node: what went wrong recently and how badly, request
+statistics, and the /diagnostics status that reports them.
 
-The node reports events as they happen; ``status()`` sums up those within the last
-``window_s`` seconds:
+HealthMonitor: the node reports events as they happen; ``status()`` sums up those within the
+last ``window_s`` seconds:
 
 - ERROR: internal errors (an exception that is not a refusal of bad input: a device error such
   as CUDA out of memory, a kernel failure, a bug) in a service, an update or a publisher;
@@ -10,7 +11,11 @@ The node reports events as they happen; ``status()`` sums up those within the la
 - OK otherwise.
 
 The message names each kind with its count and the latest reason, so an operator reading
-``ros2 topic echo /diagnostics`` (or rqt_robot_monitor) sees why. Pure Python, thread-safe.
+``ros2 topic echo /diagnostics`` (or rqt_robot_monitor) sees why.
+
+RequestStats counts service requests and their latencies; diagnostic_status() builds the
+node's DiagnosticStatus from both. HealthMonitor and RequestStats are pure Python and
+thread-safe.
 """
 from __future__ import annotations
 
@@ -18,6 +23,9 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+
+import numpy as np
+from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
 
 OK, WARN, ERROR = 0, 1, 2  # the values of diagnostic_msgs/DiagnosticStatus levels
 _MAX_EVENTS = 10_000  # per kind: bounded memory under any input rate
@@ -92,3 +100,58 @@ class HealthMonitor:
         else:
             level = OK
         return level, "; ".join(parts), counts
+
+
+class RequestStats:
+    """Thread-safe request counters and latency percentiles for the diagnostics."""
+
+    def __init__(self, window: int = 1000) -> None:
+        self._lock = threading.Lock()
+        self._latencies: deque[float] = deque(maxlen=window)
+        self.total = 0
+        self.failed = 0
+        self._since_report = 0
+        self._last_report = time.monotonic()
+
+    def record(self, latency_s: float, ok: bool) -> None:
+        with self._lock:
+            self.total += 1
+            self._since_report += 1
+            self.failed += 0 if ok else 1
+            if ok:
+                self._latencies.append(latency_s)
+
+    def report(self) -> tuple[float, float, float]:
+        """Request rate [Hz] since the last report, latency p50 and p95 [s] over the window."""
+        with self._lock:
+            now = time.monotonic()
+            rate = self._since_report / max(now - self._last_report, 1e-9)
+            self._since_report, self._last_report = 0, now
+            lat = np.array(self._latencies) if self._latencies else np.zeros(1)
+        return rate, float(np.percentile(lat, 50)), float(np.percentile(lat, 95))
+
+
+def diagnostic_status(name: str, world, config, requests: RequestStats, health: HealthMonitor,
+                      rejected_messages: int, details: dict[str, str]) -> DiagnosticStatus:
+    """The node's status for /diagnostics: level and message from ``health`` (or the world's
+    mesh count and revision when all is well), then key values: the world (``world``, a
+    MeshWorld, with ``config``'s sign_method and num_envs), the requests (rate since the
+    previous call, latency p50/p95 [ms]), ``rejected_messages`` (topic messages rejected since
+    start), the recent problems per kind and ``details`` (update queue, state, heap trims)."""
+    rate, p50, p95 = requests.report()
+    level, problems, recent = health.status()
+    n_mesh = world.mesh_count()
+    rev = world.revision
+    values = {
+        "device": str(world.device), "sign_method": config.sign_method,
+        "num_envs": config.num_envs, "mesh_count": n_mesh, "revision": rev,
+        "requests_total": requests.total, "requests_failed": requests.failed,
+        "request_rate_hz": f"{rate:.3f}", "latency_p50_ms": f"{1e3 * p50:.3f}",
+        "latency_p95_ms": f"{1e3 * p95:.3f}", "rejected_messages": rejected_messages,
+        "window_s": f"{health.window_s:g}",
+        **{f"recent_{kind}": n for kind, n in recent.items()},
+        **details,
+    }
+    return DiagnosticStatus(level=bytes([level]), name=name, hardware_id=str(world.device),
+                            message=problems or f"{n_mesh} meshes, revision {rev}",
+                            values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])

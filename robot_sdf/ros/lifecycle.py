@@ -24,7 +24,8 @@ from rclpy.lifecycle import LifecycleNodeMixin, LifecycleState, TransitionCallba
 from rclpy.node import Node
 
 from robot_sdf.ros.parameters import ConfigError
-from robot_sdf.ros.sdf_server import NODE_NAME, SdfServer, run_node
+from robot_sdf.ros.node_process import run_node
+from robot_sdf.ros.sdf_server import NODE_NAME, SdfServer
 
 
 class ManagedSdfServer(LifecycleNodeMixin, SdfServer):
@@ -80,7 +81,7 @@ def main(args: list[str] | None = None) -> int:
 
     Exit code 2 when a parameter has the wrong type (other errors fail the configure transition).
     """
-    return run_node(ManagedSdfServer, args)
+    return run_node(ManagedSdfServer, args, NODE_NAME)
 
 
 if __name__ == "__main__":
