@@ -370,23 +370,13 @@ class _CompanionNode:
         self._node = rclpy.create_node(f"{name}_tf", namespace=namespace, context=context,
                                        use_global_arguments=False, start_parameter_services=False,
                                        parameter_overrides=[Parameter("use_sim_time", value=bool(use_sim_time))])
-        self._context = context
-        self._thread: threading.Thread | None = None
+        self._spinner = None
 
     def _start(self, name: str) -> None:
-        from rclpy.executors import SingleThreadedExecutor
+        from robot_sdf.ros.node_process import ExecutorThread  # stops without racing its callbacks
 
-        self._executor = SingleThreadedExecutor(context=self._context)
-        self._executor.add_node(self._node)
-        self._thread = threading.Thread(target=self._spin, name=f"{name}_tf", daemon=True)
-        self._thread.start()
-
-    def _spin(self) -> None:
-        try:
-            self._executor.spin()
-        except Exception as exc:  # noqa: BLE001 - a context shut down ends here too
-            if self._context.ok():
-                self._node.get_logger().error(f"transform listener stopped: {exc!r}")
+        self._spinner = ExecutorThread(self._node, f"{name}_tf", on_error=lambda exc: self._node.get_logger().error(
+            f"transform listener stopped: {exc!r}"))
 
     def _watch_clock_jumps(self, clear) -> None:
         """Call ``clear()`` (and log tf2's message) when this node's clock jumps back by
@@ -408,10 +398,9 @@ class _CompanionNode:
         self._node.set_parameters([Parameter("use_sim_time", value=bool(value))])
 
     def _stop_spinning(self) -> None:
-        if self._thread is not None:
-            self._executor.shutdown(timeout_sec=2.0)
-            self._thread.join(timeout=5.0)
-            self._thread = None
+        if self._spinner is not None:
+            self._spinner.stop()
+            self._spinner = None
 
     def close(self) -> None:
         self._stop_spinning()

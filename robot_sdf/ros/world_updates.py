@@ -39,13 +39,13 @@ import rclpy
 from geometry_msgs.msg import PoseStamped
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.clock import ClockChange
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Header
 
 from robot_sdf import _internals
 from robot_sdf.ros import conversions as conv
 from robot_sdf.ros.frames import TransformPending, stamp_to_ns
+from robot_sdf.ros.node_process import ExecutorThread
 from robot_sdf.ros.update_queue import LatencyWindow, UpdateQueue
 from robot_sdf_interfaces.msg import MeshObstacle, ObstaclePose
 
@@ -152,7 +152,7 @@ class WorldUpdates:
         self.rejected = 0
         self._reject_log: dict[tuple[str, str], tuple[float, int]] = {}
         self._reset_latencies()
-        self._executor: SingleThreadedExecutor | None = None
+        self._spinner: ExecutorThread | None = None
 
     def _reset_latencies(self) -> None:
         """New latency windows (at construction and at each start(), as the queue's counters)."""
@@ -235,28 +235,15 @@ class WorldUpdates:
         # slot). A MultiThreadedExecutor here cost ~55 % of a core under the load soak, its
         # dispatch loop waking again and again while a callback was in flight, and that time
         # (and the GIL) was taken from the update worker and the services.
-        self._executor = SingleThreadedExecutor(context=self._context)
-        self._executor.add_node(companion)
-        self._thread = threading.Thread(target=self._spin, name="sdf_server_world_updates", daemon=True)
-        self._thread.start()
-
-    def _spin(self) -> None:
-        try:
-            self._executor.spin()
-        except (ExternalShutdownException, KeyboardInterrupt):
-            pass
-        except Exception:  # noqa: BLE001 - rclpy raises RCLError when SIGINT shut the context down
-            if self._context.ok():
-                raise
+        self._spinner = ExecutorThread(companion, "sdf_server_world_updates")
 
     def stop(self) -> None:
         """Close the subscriptions and the companion's context, stop the held-update retries and
         the update worker (what it has queued is applied first). Nothing if not started."""
-        if self._executor is None:
+        if self._spinner is None:
             return
-        self._executor.shutdown(timeout_sec=2.0)
-        self._thread.join(timeout=5.0)
-        self._executor = None
+        self._spinner.stop()
+        self._spinner = None
         self.companion_node.destroy_node()
         rclpy.try_shutdown(context=self._context)
         self._stop_held_retries()
