@@ -21,7 +21,6 @@ Everything runs in this process on ``device`` ("cpu" or "cuda[:N]"). Tables:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import statistics
 import time
@@ -36,7 +35,7 @@ from bench import Stats, emit, fmt_ms, fmt_rate, load_average, measure, section,
 from bench import scenes
 from bench.curobo_style import CuroboStyleRunner
 from bench.legacy_swept import legacy_swept_sphere_cost_kernel
-from robot_sdf import MeshWorld, SignMethod, kernels, raw_meshes
+from robot_sdf import MeshWorld, SignMethod, adopt_meshes, kernels
 from robot_sdf.warp_primitives import (SdfMeshWarpPy, SweptSdfMeshWarpPy, _as_warp, _launch, _sign_arguments,
                                        _slot_bvh_arguments,
                                        launch_swept_sphere_cost, warp_device)
@@ -163,9 +162,10 @@ class TensorWorld:
     """World tensors built outside MeshWorld, as a cuRobo user holds them, in CostRunner's shape:
     ``wp.Mesh(points, indices, support_winding_number=True)`` per mesh (vertices in the mesh
     frame), mesh_pose_inverse[..., 7] = ``pad`` (cuRobo never writes it: 0) or each mesh's
-    bounding radius about its origin (``pad=None``), sign method auto (normal for such meshes)."""
+    bounding radius about its origin (``pad=None``), sign method auto (Warp's normal sign for such
+    meshes); with ``adopt``, passed through robot_sdf.adopt_meshes (its ids and per-slot signs)."""
 
-    def __init__(self, meshes: list[scenes.SceneMesh], device: str, pad: float | None = 0.0):
+    def __init__(self, meshes: list[scenes.SceneMesh], device: str, pad: float | None = 0.0, adopt: bool = False):
         from robot_sdf.geometry import pose_inverse
 
         self.device = torch.device(device)
@@ -183,6 +183,9 @@ class TensorWorld:
             mesh_enable=torch.ones((1, len(meshes)), dtype=torch.uint8, device=self.device),
             n_env_mesh=torch.tensor([len(meshes)], dtype=torch.int32, device=self.device),
             sign_method=SignMethod.AUTO)
+        if adopt:
+            self.adopted = adopt_meshes(self.snap.mesh_idx)
+            self.snap.mesh_idx, self.snap.sign_method = self.adopted.mesh_idx, self.adopted.sign_methods
 
     def snapshot(self) -> SimpleNamespace:
         return self.snap
@@ -574,9 +577,9 @@ def raw_mesh_table(b: Bench) -> None:
     meshes = scenes.robot_like_meshes()
     n_tri = sum(len(m.triangles) for m in meshes)
     section(f"Meshes built outside robot_sdf on {b.device}: raw wp.Mesh tensors vs. radius filled vs. MeshWorld")
-    unclassified = "raw wp.Mesh, pad 0, closed shells not classified"
-    worlds = {"raw wp.Mesh, pad 0": TensorWorld(meshes, b.device, 0.0),
-              "raw wp.Mesh, radius filled": TensorWorld(meshes, b.device, None),
+    unclassified = "raw wp.Mesh, pad 0, not adopted"
+    worlds = {"raw wp.Mesh, pad 0": TensorWorld(meshes, b.device, 0.0, adopt=True),
+              "raw wp.Mesh, radius filled": TensorWorld(meshes, b.device, None, adopt=True),
               unclassified: TensorWorld(meshes, b.device, 0.0),
               "MeshWorld (sign method normal)": build_world(meshes, b.device)}
     sizes = {"1k": (1, 20, 50), "100k": (4, 30, 52) if b.quick else (64, 30, 52)}
@@ -604,8 +607,8 @@ def raw_mesh_table(b: Bench) -> None:
     emit(f"'{CUROBO_STYLE}': bench/curobo_style.py, cuRobo's mesh-collision algorithm (Warp's mesh_query_point "
          "with its ray-vote sign per mesh and sample, cuRobo's sample schedule) written here as a timing reference, "
          "on the pad-0 tensors: cuRobo v0.7.8 itself cannot be installed here.")
-    emit(f"'{unclassified}': the same tensors with robot_sdf.raw_meshes switched off (every mesh built "
-         "elsewhere searched to max_dist + r + eta, the path before closed shells were classified).")
+    emit(f"'{unclassified}': the same tensors passed as they are, not adopted (every mesh built elsewhere "
+         "searched to max_dist + r + eta with Warp's sign); the other raw rows are adopted (robot_sdf.adopt_meshes).")
     _classification_cost(b, meshes)
     _other_surfaces_table(b)
 
@@ -625,10 +628,11 @@ def _other_surfaces_table(b: Bench, only: tuple[str, ...] = ()) -> None:
          "two-part links: the same with the copy overlapping the link (closed, self-intersecting; auto: winding "
          "number); table scan: scenes.perception_mesh, an open height field of 59,202 triangles (raw: kept, Warp's "
          "sign; MeshWorld auto: winding number). Spheres and trajectories as above.")
-    full = "raw wp.Mesh, pad 0, not classified"
+    full = "raw wp.Mesh, pad 0, not adopted"
     rows = []
     for scene, meshes in scenes_.items():
-        worlds = {"raw wp.Mesh, pad 0": TensorWorld(meshes, b.device, 0.0), full: TensorWorld(meshes, b.device, 0.0),
+        worlds = {"raw wp.Mesh, pad 0": TensorWorld(meshes, b.device, 0.0, adopt=True),
+                  full: TensorWorld(meshes, b.device, 0.0),
                   "MeshWorld auto": build_world(meshes, b.device, SignMethod.AUTO)}
         if scene == "two-body links":
             worlds["MeshWorld winding_number (auto's path before)"] = build_world(meshes, b.device,
@@ -652,8 +656,8 @@ def _other_surfaces_table(b: Bench, only: tuple[str, ...] = ()) -> None:
 def _time_worlds(b: Bench, worlds: dict, plain_spheres: np.ndarray, traj: np.ndarray, full_search: str,
                  plain_on_swept: bool = False, reference: str | None = None) -> dict[str, Stats]:
     """Plain and swept fwd+bwd ("plain, NAME", "swept, NAME"; with ``plain_on_swept`` also "plain on
-    the swept spheres, NAME") for each named world, the world named ``full_search`` with
-    raw_meshes switched off, and bench/curobo_style.py's kernels on the tensors of the world named
+    the swept spheres, NAME") for each named world (``full_search`` names the world passed as it
+    is, not adopted), and bench/curobo_style.py's kernels on the tensors of the world named
     ``reference`` (NAME = CUROBO_STYLE), one thread on the CPU, in a new order every round (the raw
     worlds share twins: bench.measure's shuffle)."""
     cases: dict[str, Callable[[], object]] = {}
@@ -662,8 +666,6 @@ def _time_worlds(b: Bench, worlds: dict, plain_spheres: np.ndarray, traj: np.nda
         runs = {f"plain, {name}": plain.forward_backward, f"swept, {name}": swept.swept_forward_backward}
         if plain_on_swept:
             runs[f"plain on the swept spheres, {name}"] = swept.forward_backward
-        if name == full_search:
-            runs = {k: (lambda f=f: _full_search(f)) for k, f in runs.items()}
         cases.update(runs)
         if name == reference:
             plain_ref, swept_ref = CuroboStyleRunner(plain), CuroboStyleRunner(swept)
@@ -676,32 +678,26 @@ def _time_worlds(b: Bench, worlds: dict, plain_spheres: np.ndarray, traj: np.nda
     return b.timed(cases, reps=3 if b.quick else 11, shuffle=True)
 
 
-def _full_search(fn: Callable[[], object]) -> None:
-    raw_meshes.ENABLED = False
-    try:
-        fn()
-    finally:
-        raw_meshes.ENABLED = True
-
-
 def _classification_cost(b: Bench, meshes: list) -> None:
-    """The first call on raw tensors of new content (ids read, content digested, closed shells
-    classified) against the calls after it, 1k spheres plain fwd+bwd."""
-    firsts, steady = [], []
+    """What adoption costs: robot_sdf.adopt_meshes on raw tensors (ids read back, meshes
+    classified, twins built) against one 1k-sphere plain fwd+bwd call on the adopted tensors."""
+    adopting, steady = [], []
     spheres = scenes.near_surface_spheres(meshes, 1000)
-    for round_ in range(3):
-        shifted = [dataclasses.replace(m, vertices=m.vertices + np.float32(1e-5 * (round_ + 1))) for m in meshes]
-        runner = CostRunner(TensorWorld(shifted, b.device, 0.0), spheres)
+    raw = TensorWorld(meshes, b.device, 0.0)
+    for _ in range(3):
         with cpu_threads(1):
             start = time.perf_counter()
+            adopted = adopt_meshes(raw.snap.mesh_idx)
+            adopting.append(time.perf_counter() - start)
+            world = TensorWorld(meshes, b.device, 0.0)
+            world.snap.mesh_idx, world.snap.sign_method = adopted.mesh_idx, adopted.sign_methods
+            runner = CostRunner(world, spheres)
             runner.forward_backward()
-            firsts.append(time.perf_counter() - start)
             start = time.perf_counter()
             runner.forward_backward()
             steady.append(time.perf_counter() - start)
-    emit(f"Raw tensors of new content, first call {1e3 * statistics.median(firsts):.0f} ms against "
-         f"{1e3 * statistics.median(steady):.0f} ms after it (1k spheres, one thread, medians of 3): the "
-         "difference is reading, digesting and classifying the meshes, once per content (robot_sdf.raw_meshes).")
+    emit(f"adopt_meshes on these tensors {1e3 * statistics.median(adopting):.0f} ms, once per world change, "
+         f"against {1e3 * statistics.median(steady):.0f} ms per 1k-sphere call (one thread, medians of 3).")
 
 
 def _one_thread(fn: Callable[[], object]) -> None:

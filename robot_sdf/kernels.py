@@ -11,8 +11,7 @@ Layout (flattened from the torch tensors of docs/design.md "Tensor layouts"):
                               (unknown for meshes built elsewhere: the box of their BVH root
                               bounds them, mesh_box_distance_sq)
     sign_method, slot_sign    a SignMethod for every slot, AUTO (each mesh's own, from its sign
-                              data), or PER_SLOT: read slot_sign (E, M) uint8 (a SignMethod, plus
-                              SIGN_CLOSED_SHELL for a closed shell built outside robot_sdf)
+                              data), or PER_SLOT: read slot_sign (E, M) uint8 (a SignMethod)
     mesh_enable  (E, M) uint8
     n_env_mesh   (E,) int32
     env_query    (B,) int32   environment per batch row (read only when use_env_query != 0)
@@ -39,11 +38,6 @@ SIGN_PARITY = wp.constant(3)
 # (E, M) uint8 slot_sign array.
 SIGN_AUTO = wp.constant(4)
 SIGN_PER_SLOT = wp.constant(-1)
-# Added to a slot's sign code (robot_sdf.raw_meshes.CLOSED_SHELL): the slot's mesh, built outside
-# robot_sdf (no sign data), was classified the boundary of a solid (closed, consistently oriented
-# shells without self-intersections, mesh_analysis.classify), so its sign does not depend on how
-# far its search reached.
-SIGN_CLOSED_SHELL = wp.constant(16)
 
 # Search radius for the closest point of a centre known to be inside a mesh: unbounded in practice.
 UNBOUNDED = wp.constant(1.0e9)
@@ -320,16 +314,10 @@ def query_closest(mesh: wp.uint64, p: wp.vec3, bound: float, sign_method: int):
 
 @wp.func
 def mesh_sign_method(mesh: wp.uint64, sign_method: int):
-    """(offset of robot_sdf's sign data or -1, the sign method that applies to this mesh, whether
-    the mesh is a closed shell built outside robot_sdf whose normal or winding-number sign may be
-    searched within need first: SIGN_CLOSED_SHELL, read only for meshes without sign data)."""
+    """(offset of robot_sdf's sign data or -1, the sign method that applies to this mesh)."""
     m = wp.mesh_get(mesh)
     data = sign_data_offset(mesh)
     method = sign_method
-    raw_closed = bool(False)
-    if method >= SIGN_CLOSED_SHELL:
-        method = method - SIGN_CLOSED_SHELL
-        raw_closed = data < 0
     if method == SIGN_AUTO or method < 0:
         method = SIGN_NORMAL
         if data >= 0:
@@ -342,18 +330,16 @@ def mesh_sign_method(mesh: wp.uint64, sign_method: int):
             # Classified the boundary of a solid (mesh_analysis.classify): its winding number is
             # 0 or 1, and the pseudo-normal sign equals it at any distance (and is cheaper).
             method = SIGN_NORMAL
-    raw_closed = raw_closed and (method == SIGN_NORMAL or method == SIGN_WINDING_NUMBER)
-    return data, method, raw_closed
+    return data, method
 
 
 @wp.func
-def sign_is_closed(mesh: wp.uint64, data: int, raw_closed: bool) -> bool:
-    """Whether a mesh's sign (mesh_sign_method's data and raw_closed) is that of a closed surface,
-    so that it changes only where the surface is crossed: robot_sdf's closed flag, or a closed
-    shell built elsewhere."""
+def sign_is_closed(mesh: wp.uint64, data: int) -> bool:
+    """Whether a mesh's sign is that of a closed surface (robot_sdf's closed flag in its sign data
+    at ``data``), so that it changes only where the surface is crossed."""
     if data >= 0:
         return wp.mesh_get(mesh).velocities[data + 3][1] != 0.0
-    return raw_closed
+    return False
 
 
 @wp.func
@@ -470,9 +456,7 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     result) lets a mesh with robot_sdf's sign data and no slivers whose inside test does not come
     from the closest feature (winding_number), or comes from it exactly (normal on a mesh that
     MeshWorld classified as the boundary of a solid: closed, consistently oriented shells without
-    self-intersections),
-    or a mesh built elsewhere that robot_sdf.raw_meshes classified so (SIGN_CLOSED_SHELL), be
-    searched within need first: where nothing is that near, a point is found only if it is
+    self-intersections), be searched within need first: where nothing is that near, a point is found only if it is
     inside. A result with sd < need is the one the full search gives (the same triangle: a search
     within a smaller bound visits the same nodes in the same order up to its bound); an outside
     one beyond need may then be left out (found = 0).
@@ -484,7 +468,7 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     if bounding_radius > 0.0 and centre_dist > bounding_radius + bound:
         return found, sd, grad
     m = wp.mesh_get(mesh)
-    data, method, raw_closed = mesh_sign_method(mesh, sign_method)
+    data, method = mesh_sign_method(mesh, sign_method)
     pseudo = method == SIGN_NORMAL and data >= 0
     # The winding-number method of robot_sdf's sign data (the mesh supports winding numbers:
     # checked by mesh_sign_method).
@@ -494,8 +478,7 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     # winding number does not depend on the search, and without slivers the float64 distance
     # of what the float32 search found stays within the margin of it.
     first = bound
-    if raw_closed or (data >= 0 and (winding or (pseudo and m.velocities[data + 4][1] != 0.0))
-                      and m.velocities[data + 3][2] == 0.0):
+    if data >= 0 and (winding or (pseudo and m.velocities[data + 4][1] != 0.0)) and m.velocities[data + 3][2] == 0.0:
         first = wp.min(bound, need * REACH_MARGIN + REACH_SLACK)
 
     inside = float(1.0)
@@ -535,8 +518,8 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
             return found, sd, grad
     if deep:
         search = UNBOUNDED
-        if pseudo or raw_closed:
-            # A closed shell (raw_closed: the ray only spares the search; Warp's sign decides).
+        if pseudo:
+            # A closed shell.
             search = closed_inside_bound(mesh, p)
             if search < 0.0:
                 return found, sd, grad
@@ -1428,14 +1411,14 @@ def swept_slot_cost(
     mask_prev = int(0)
     mask_next = int(0)
     reach_b = radius + eta
-    data, method, raw_closed = mesh_sign_method(mesh, sign_method)
+    data, method = mesh_sign_method(mesh, sign_method)
     # Only the sign of a closed surface changes where the surface is crossed: elsewhere (open
     # surfaces; the winding number of an open surface, which passes 0.5 off the surface) a point
     # free of the surface may still be inside, so the clearance of a point frees no sample, and
     # p and every sample take the plain query (max_dist + r + eta), which makes the step's cost
     # the mean of the plain costs at its samples, as defined. (The kernel hands moving steps on
     # such meshes to open_swept_slot_cost where the sign lets their points share traversals.)
-    sign_closed = sign_is_closed(mesh, data, raw_closed)
+    sign_closed = sign_is_closed(mesh, data)
     if not sign_closed:
         bound0 = max_dist
     bound_p = bound0 + radius + eta
@@ -1751,7 +1734,7 @@ def open_swept_slot_cost(
     if cull_radius > 0.0:
         if wp.length(p) > cull_radius + bound + half_len:
             return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
-    data, method, raw_closed = mesh_sign_method(mesh, sign_method)
+    data, method = mesh_sign_method(mesh, sign_method)
     winding = method == SIGN_WINDING_NUMBER and data >= 0
     reach = wp.where(winding, reach_b * REACH_MARGIN + REACH_SLACK, bound)
     inv_2k = 1.0 / (2.0 * float(sweep_steps))
@@ -1927,8 +1910,8 @@ def open_swept_slot_cost(
 def open_swept_sign(mesh: wp.uint64, sign_method: int) -> bool:
     """Whether open_swept_slot_cost serves a mesh: its sign is not a closed surface's (swept_slot_cost
     then evaluates every sample) and comes from the closest triangle or the winding number."""
-    data, method, raw_closed = mesh_sign_method(mesh, sign_method)
-    return (not sign_is_closed(mesh, data, raw_closed)) and (method == SIGN_NORMAL or (method == SIGN_WINDING_NUMBER and data >= 0))
+    data, method = mesh_sign_method(mesh, sign_method)
+    return (not sign_is_closed(mesh, data)) and (method == SIGN_NORMAL or (method == SIGN_WINDING_NUMBER and data >= 0))
 
 
 @wp.func

@@ -7,13 +7,16 @@ env_query_idx (b,) int32 or None.
 
 One argument beyond cuRobo's is accepted at the end of both: ``sign_method``: a SignMethod or its
 name for every slot, or an (n_env, m) uint8 tensor with one SignMethod per slot (a MeshWorld's
-``snapshot().sign_methods``). The default, ``auto``, uses each mesh's own method as recorded when
-MeshWorld built it (``normal`` for meshes built elsewhere). A MeshWorld's WorldSnapshot itself may be
-passed there too (MeshWorld's own evaluations do): its per-slot sign methods are used and, where its
-world's slot BVHs describe it, a sphere visits only the slots near it (robot_sdf.slot_index);
-without one (raw cuRobo tensors) every slot of the sphere's environment is visited. A call-wide ``winding_number`` on a
-mesh built without winding-number support is refused (ValueError): Warp would read memory the
-mesh does not have. The tensors may live on the CPU or on CUDA (the mesh tensors on
+``snapshot().sign_methods``, or robot_sdf.adopt_meshes' ``sign_methods``). The default, ``auto``,
+uses each mesh's own method as MeshWorld (or adopt_meshes) recorded it in the mesh's sign data,
+and Warp's normal-sign query for a mesh built elsewhere and not adopted: such meshes are passed
+as they are (nothing is read back through their ids), searched out to max_dist + r + eta as
+cuRobo does, plus robot_sdf's two corrections (deep centres costed, outputs fully rewritten).
+A MeshWorld's WorldSnapshot itself may be passed there too (MeshWorld's own evaluations do): its
+per-slot sign methods are used and, where its world's slot BVHs describe it, a sphere visits only
+the slots near it (robot_sdf.slot_index); otherwise every slot of the sphere's environment is
+visited. A ``winding_number`` slot whose mesh MeshWorld built without winding-number support is
+refused (ValueError): Warp would read memory the mesh does not have. The tensors may live on the CPU or on CUDA (the mesh tensors on
 the spheres' device); Warp runs there, on torch's current stream. Outputs are fully rewritten on
 every call; gradients are computed only when query_spheres requires grad (else out_grad is
 zero-filled). SdfMeshWarpPy's ``backward`` returns grad_output[..., None] * out_grad for the
@@ -45,7 +48,7 @@ import numpy as np
 import torch
 import warp as wp
 
-from robot_sdf import _internals, kernels, mesh_analysis, raw_meshes
+from robot_sdf import _internals, kernels, mesh_analysis
 from robot_sdf.types import SignMethod, WorldSnapshot
 
 _CPU_MIN_SPHERES_PER_THREAD = 2048
@@ -441,7 +444,7 @@ _no_slot_sign: dict[torch.device, torch.Tensor] = {}
 # Warp mesh id -> built with winding-number support, for the meshes MeshWorld builds.
 _winding_support: dict[int, bool] = {}
 # kernels.SIGN_PER_SLOT: the kernels read the per-slot tensor.
-_SIGN_PER_SLOT = -1
+_SIGN_PER_SLOT = kernels.SIGN_PER_SLOT
 
 
 def register_mesh(mesh_id: int, winding_number: bool) -> None:
@@ -480,19 +483,9 @@ def _slot_bvh_arguments(sign_method, mesh_idx: torch.Tensor, mesh_pose_inverse: 
     return sign_method, entry[2]
 
 
-def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device, mesh_enable: torch.Tensor | None = None,
-                    n_env_mesh: torch.Tensor | None = None) -> tuple:
-    """(scalar code, (n_env, m) uint8 Warp array, mesh ids Warp array or None) for the kernels'
-    sign arguments.
-
-    Given mesh_enable and n_env_mesh as well, meshes built outside robot_sdf (raw_meshes) among
-    the enabled slots are classified: the third value is then mesh_idx with ids replaced by
-    twins' (robot_sdf's sign data: evaluated like MeshWorld's meshes; closed shells under auto
-    or normal, other closed surfaces under auto), and closed shells not twinned (winding_number)
-    get raw_meshes.CLOSED_SHELL added to their code (then always a per-slot array), so that the
-    kernels search them within r + eta first (_slot_codes)."""
-    classify = mesh_enable is not None and n_env_mesh is not None \
-        and raw_meshes.classifiable(mesh_idx, mesh_enable, n_env_mesh)
+def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device) -> tuple:
+    """(scalar code, (n_env, m) uint8 Warp array) for the kernels' sign arguments: one method for
+    every slot (the array then unused), or _SIGN_PER_SLOT and the caller's per-slot tensor."""
     if isinstance(sign_method, torch.Tensor):
         if tuple(sign_method.shape) != tuple(mesh_idx.shape):
             raise ValueError(f"sign_method tensor must be (n_env, m) = {tuple(mesh_idx.shape)} like mesh_idx, "
@@ -500,79 +493,18 @@ def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device, m
         if sign_method.device != device:
             raise ValueError(f"sign_method tensor is on {sign_method.device}, the spheres on {device}")
         ready = _ready(sign_method, device, torch.uint8)
-        if classify:
-            tensors = (ready, mesh_idx, mesh_enable, n_env_mesh)
-
-            def build():
-                return _slot_codes(ready, mesh_idx, mesh_enable, n_env_mesh, device)
-        else:
-            tensors = (ready, mesh_idx)
-
-            def build():
-                return _checked_slot_signs(ready, mesh_idx), None
         if ready is sign_method:
-            return (_SIGN_PER_SLOT, *_cached(("sign", classify) + tuple(map(id, tensors)), tensors, build,
-                                             content=True))
-        return (_SIGN_PER_SLOT, *build())
+            return _SIGN_PER_SLOT, _cached(("sign", id(ready), id(mesh_idx)), (ready, mesh_idx),
+                                           lambda: _checked_slot_signs(ready, mesh_idx), content=True)
+        return _SIGN_PER_SLOT, _checked_slot_signs(ready, mesh_idx)
     method = SignMethod.parse(sign_method)
-    ids = None
-    if classify and method in raw_meshes.SHORT_SEARCH_METHODS:
-        tensors = (mesh_idx, mesh_enable, n_env_mesh)
-        codes, ids = _cached(("wide_sign", int(method)) + tuple(map(id, tensors)), tensors,
-                             lambda: _slot_codes(int(method), mesh_idx, mesh_enable, n_env_mesh, device), content=True)
-        if codes is not None:
-            return _SIGN_PER_SLOT, codes, ids
     if method == SignMethod.WINDING_NUMBER:
         _check_call_wide_winding(mesh_idx)
     unused = _no_slot_sign.get(device)
     if unused is None:
         with _internals.plain_tensors():
             unused = _no_slot_sign.setdefault(device, torch.zeros((1, 1), dtype=torch.uint8, device=device))
-    return int(method), _cached(("no_sign", id(unused)), (unused,), lambda: _as_warp(unused)), ids
-
-
-_SHELL_TWIN_CODES = tuple(int(m) for m in raw_meshes.SHELL_TWIN_METHODS)
-_WINDING_TWIN_CODES = tuple(int(m) for m in raw_meshes.WINDING_TWIN_METHODS)
-
-
-def _slot_codes(signs, mesh_idx: torch.Tensor, mesh_enable: torch.Tensor, n_env_mesh: torch.Tensor,
-                device: torch.device) -> tuple:
-    """(descriptor of the per-slot sign codes, descriptor of the mesh ids or None) for the meshes
-    built outside robot_sdf (raw_meshes) among the enabled slots: a closed shell's id is replaced
-    by its twin's under auto or normal, any other closed surface's by its winding-number twin's
-    under auto (an open surface keeps its raw mesh); under winding_number a closed shell's code
-    gets raw_meshes.CLOSED_SHELL (the raw mesh searched within r + eta first). ``signs``: a per-slot uint8 tensor, or one method for every
-    slot; the codes are None for one method when no slot needs a flag (the scalar code serves)."""
-    twins = raw_meshes.twin_slots(mesh_idx, mesh_enable, n_env_mesh, warp_device(device))
-    found = twins != None  # noqa: E711 (element-wise over an object array)
-    closed, winding = np.zeros(found.shape, bool), np.zeros(found.shape, bool)
-    closed[found] = [t.closed_shell for t in twins[found]]
-    winding[found] = [t.winding for t in twins[found]]
-    if isinstance(signs, torch.Tensor):
-        checked = _checked_slot_signs(signs, mesh_idx)
-        host = signs.detach().cpu().numpy()
-    else:
-        if signs == _WINDING:
-            _check_call_wide_winding(mesh_idx)
-        checked = None
-        host = np.full(found.shape, signs, np.uint8)
-    twinned = (closed & np.isin(host, _SHELL_TWIN_CODES)) | (winding & np.isin(host, _WINDING_TWIN_CODES))
-    flagged = closed & ~twinned & (host == _WINDING)
-    if not (twinned.any() or flagged.any()):
-        return checked, None
-    ids = None
-    with _internals.plain_tensors():
-        if twinned.any():
-            host_ids = mesh_idx.detach().cpu().numpy().astype(np.int64)
-            used = twins[twinned]
-            host_ids[twinned] = [t.twin_id for t in used]
-            ids = _owning(torch.from_numpy(host_ids).to(device))
-            ids.twins = list({id(t): t for t in used}.values())  # alive while a launch may use their ids
-        if isinstance(signs, torch.Tensor) or flagged.any():
-            codes = _owning(torch.from_numpy(host + flagged.astype(np.uint8) * raw_meshes.CLOSED_SHELL).to(device))
-        else:
-            codes = None
-    return codes, ids
+    return int(method), _cached(("no_sign", id(unused)), (unused,), lambda: _as_warp(unused))
 
 
 def _check_call_wide_winding(mesh_idx: torch.Tensor) -> None:
@@ -693,56 +625,34 @@ def _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_po
     if type(sign_method) is WorldSnapshot:
         sign_method, slot_bvh = _slot_bvh_arguments(sign_method, mesh_idx, mesh_pose_inverse, device)
         return _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
-                             n_env_mesh, sign_method, device, False)[:-1] + (slot_bvh,)
+                             n_env_mesh, sign_method, device)[:-1] + (slot_bvh,)
     return _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
-                         sign_method, device, _classifies(sign_method, device))
+                         sign_method, device)
 
 
-def _classifies(sign_method, device: torch.device) -> bool:
-    """Whether the meshes of a call's world tensors are to be classified as meshes built outside
-    robot_sdf (raw_meshes): not a MeshWorld snapshot's (its meshes carry their own sign data),
-    and not while a CUDA graph is captured (stream_capturing)."""
-    return type(sign_method) is not WorldSnapshot and not stream_capturing(device)
-
-
-def _world_arguments(sign_method, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device: torch.device,
-                     raw: bool) -> tuple:
+def _world_arguments(sign_method, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device: torch.device) -> tuple:
     """(the four world descriptors the kernels read, whether the caller's own tensors were
-    converted, sign code, slot signs). With ``raw``, meshes built outside robot_sdf among the
-    enabled slots are evaluated through their twins (the ids descriptor is then the twins') or
-    flagged (_sign_arguments)."""
+    converted, sign code, slot signs). The caller's mesh ids are passed as they are: meshes built
+    elsewhere get robot_sdf's sign regimes only through robot_sdf.adopt_meshes."""
     world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
-    code, slot_signs, twin_ids = _sign_arguments(sign_method, mesh_idx, device,
-                                                 *((mesh_enable, n_env_mesh) if raw else ()))
+    code, slot_signs = _sign_arguments(sign_method, mesh_idx, device)
     converted = _converted(world, (mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh))
-    if twin_ids is not None:
-        world = (twin_ids,) + world[1:]
     return world, converted, code, slot_signs
 
 
-def stream_capturing(device: torch.device) -> bool:
-    """Whether torch's current stream on ``device`` is capturing a CUDA graph. A captured launch
-    replays with the memory it was given, so raw world tensors are then passed as they are (no
-    twins, no per-slot flags of raw_meshes): the graph follows the caller's in-place writes to
-    mesh_idx on replay, as cuRobo's captured collision checks expect."""
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
 def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
-                  sign_method, device: torch.device, raw: bool) -> tuple:
-    """_constant_arguments' values, kept per set of argument tensors; ``raw``: the world tensors
-    may hold meshes built outside robot_sdf (not a MeshWorld snapshot's), to be classified."""
+                  sign_method, device: torch.device) -> tuple:
+    """_constant_arguments' values, kept per set of argument tensors."""
     global _last_set
-    raw = raw and raw_meshes.ENABLED  # part of the key: the switch may change between calls
     last = _last_set
     if last is not None and last[1] is weight and last[2] is activation_distance and last[3] is max_dist \
             and last[4] is mesh_idx and last[5] is mesh_pose_inverse and last[6] is mesh_enable \
-            and last[7] is n_env_mesh and last[8] is sign_method and last[0] == (device, raw):
+            and last[7] is n_env_mesh and last[8] is sign_method and last[0] == device:
         entry = last[9]
         if entry[3](entry[0]) == entry[1]:
             return entry[2]
     per_slot = isinstance(sign_method, torch.Tensor)
-    key = (device, raw, id(weight), id(activation_distance), id(max_dist), id(mesh_idx), id(mesh_pose_inverse),
+    key = (device, id(weight), id(activation_distance), id(max_dist), id(mesh_idx), id(mesh_pose_inverse),
            id(mesh_enable), id(n_env_mesh), id(sign_method) if per_slot else sign_method)
     try:
         entry = _constant_sets.get(key)
@@ -759,11 +669,11 @@ def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inv
             else:
                 _constant_sets[key] = entry = (kept, now, values, check, layout, content_at)
         if entry is not None:
-            _last_set = ((device, raw), weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
+            _last_set = (device, weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
                          n_env_mesh, sign_method, entry)
             return values
     world, converted, code, slot_signs = _world_arguments(sign_method, mesh_idx, mesh_pose_inverse, mesh_enable,
-                                                         n_env_mesh, device, raw)
+                                                         n_env_mesh, device)
     values = (_scalar_warp(weight, device), _scalar_warp(activation_distance, device), _scalar_warp(max_dist, device),
               *world, code, slot_signs,
               _slot_bvh_arguments(None, mesh_idx, mesh_pose_inverse, device)[1])  # the loop's placeholder
@@ -776,18 +686,13 @@ def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inv
         tensors += (sign_method,) if per_slot else ()
         # Positions of the tensors whose values the entry depends on.
         content_at = ((3, 7) if per_slot else ()) + ((3, 4, 5, 6) if converted else ())
-        if raw and (per_slot or SignMethod.parse(sign_method) in raw_meshes.SHORT_SEARCH_METHODS) \
-                and raw_meshes.classifiable(mesh_idx, mesh_enable, n_env_mesh):
-            # The codes and the twins' ids follow the meshes of the enabled slots: a slot given
-            # a mesh, or enabled, later may need a twin or a flag.
-            content_at += (3, 5, 6)
         check = _validator(tensors, bool(content_at))
         if check is not None:
             if len(_constant_sets) >= _DESCRIPTOR_CACHE_SIZE:
                 _constant_sets.clear()
             layout = _layout(tensors) if check is _tracked else None
             _constant_sets[key] = entry = (tensors, check(tensors), values, check, layout, content_at)
-            _last_set = ((device, raw), weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse,
+            _last_set = (device, weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse,
                          mesh_enable, n_env_mesh, sign_method, entry)
     return values
 
@@ -957,10 +862,9 @@ def launch_swept_sphere_cost(
     spheres_data = query_spheres.detach().contiguous()
     spheres = _flat(spheres_data, 16)
     env_arr, use_env = _env_query(env_query_idx, b, device)
-    raw = _classifies(sign_method, device)
     sign_method, slot_bvh = _slot_bvh_arguments(sign_method, mesh_idx, mesh_pose_inverse, device)
     world, _, code, slot_signs = _world_arguments(sign_method, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
-                                                  device, raw)
+                                                  device)
     if out_evaluations is not None and (tuple(out_evaluations.shape) != (b, h, n) or out_evaluations.dtype != torch.int32
                                         or out_evaluations.device != device or not out_evaluations.is_contiguous()):
         raise ValueError(f"out_evaluations must be a contiguous ({b}, {h}, {n}) int32 tensor on {device}")

@@ -59,6 +59,9 @@ class WarpEnv:
 
     mesh_idx (n_env, m) int64, mesh_pose_inverse (n_env, m, 8) float32, mesh_enable (n_env, m)
     uint8, n_env_mesh (n_env,) int32, all on `device`. `meshes` keeps the wp.Mesh objects alive.
+    `sign_methods`: None for meshes passed as they are; for adopted ones (build_warp_env's
+    ``adopt``) the (n_env, m) uint8 per-slot signs of robot_sdf.adopt_meshes, whose ids are then
+    in mesh_idx (`adopted` keeps the twins alive).
     """
 
     mesh_idx: torch.Tensor
@@ -66,6 +69,8 @@ class WarpEnv:
     mesh_enable: torch.Tensor
     n_env_mesh: torch.Tensor
     meshes: list[Any] = field(default_factory=list)
+    sign_methods: torch.Tensor | None = None
+    adopted: Any = None
 
 
 _MESH_CACHE: dict[tuple, Any] = {}
@@ -88,12 +93,13 @@ def warp_mesh(vertices: np.ndarray, triangles: np.ndarray, device: str):
 
 
 def build_warp_env(envs: list[list[ref.RefMesh]], device: str, capacity: int | None = None,
-                   extra_slots: list[list[ref.RefMesh]] | None = None) -> WarpEnv:
+                   extra_slots: list[list[ref.RefMesh]] | None = None, adopt: bool = False) -> WarpEnv:
     """Kernel tensors for `envs` (meshes per environment, slot order = list order).
 
     capacity: slots per environment (default: the largest environment, at least 1).
     extra_slots: per environment, meshes written into the slots *after* n_env_mesh (enabled,
     colliding decoys): a correct kernel never reads them.
+    adopt: pass the meshes through robot_sdf.adopt_meshes (robot_sdf's sign regimes for them).
     """
     n_env = len(envs)
     used = [len(e) for e in envs]
@@ -111,13 +117,19 @@ def build_warp_env(envs: list[list[ref.RefMesh]], device: str, capacity: int | N
             mesh_idx[e, s] = wm.id
             pose_inv[e, s, :7] = ref.pose_inverse(rm.pose)
             enable[e, s] = 1 if (rm.enabled or s >= len(meshes)) else 0
-    return WarpEnv(
+    env = WarpEnv(
         mesh_idx=torch.from_numpy(mesh_idx).to(device),
         mesh_pose_inverse=torch.from_numpy(pose_inv).to(device),
         mesh_enable=torch.from_numpy(enable).to(device),
         n_env_mesh=torch.tensor(used, dtype=torch.int32, device=device),
         meshes=keep,
     )
+    if adopt:
+        from robot_sdf import adopt_meshes
+
+        env.adopted = adopt_meshes(env.mesh_idx)
+        env.mesh_idx, env.sign_methods = env.adopted.mesh_idx, env.adopted.sign_methods
+    return env
 
 
 def scalar(x: float, device: str) -> torch.Tensor:

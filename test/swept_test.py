@@ -44,16 +44,19 @@ def run_swept(spheres: np.ndarray, wenv, device: str, sweep_steps: int, eta: flo
             wenv.n_env_mesh, scalar(max_dist, device), sweep_steps, speed_metric, eq, False]
     if sign_method is not None:
         args.append(SignMethod.parse(sign_method))
+    elif getattr(wenv, "sign_methods", None) is not None:
+        args.append(wenv.sign_methods)
     cost = SweptSdfMeshWarpPy.apply(*args)
     return qs, cost, out_grad, sparsity
 
 
 def world_env(envs: list[list[ref.RefMesh]], device: str, kind: str):
-    """Kernel tensors of ``envs``: "raw" = wp.Mesh objects built directly (as cuRobo builds them:
-    Warp's own sign queries, no bounding radius), "world" = a MeshWorld's snapshot (robot_sdf's
-    sign data: the pseudo-normal sign and the batched searches of the swept kernel)."""
-    if kind == "raw":
-        return build_warp_env(envs, device)
+    """Kernel tensors of ``envs``: "raw" = wp.Mesh objects built directly (as cuRobo builds them,
+    no bounding radius) and adopted (robot_sdf.adopt_meshes), "passthrough" = the same passed as
+    they are (Warp's own sign queries), "world" = a MeshWorld's snapshot (robot_sdf's sign data:
+    the pseudo-normal sign and the batched searches of the swept kernel)."""
+    if kind in ("raw", "passthrough"):
+        return build_warp_env(envs, device, adopt=kind == "raw")
     from robot_sdf import MeshWorld
 
     world = MeshWorld(device=device, num_envs=len(envs), mesh_capacity=max(1, max(len(e) for e in envs)),
@@ -83,7 +86,8 @@ def evaluations(spheres: np.ndarray, wenv, device: str, sweep_steps: int, eta: f
         qs, torch.empty((b, h, n), device=device), torch.empty((b, h, n, 4), device=device),
         torch.empty((b, h, n), dtype=torch.uint8, device=device), scalar(1.0, device), scalar(eta, device),
         scalar(0.1, device), wenv.mesh_idx, wenv.mesh_pose_inverse, wenv.mesh_enable, wenv.n_env_mesh,
-        scalar(max_dist, device), sweep_steps, compute_grad=False, out_evaluations=count)
+        scalar(max_dist, device), sweep_steps, compute_grad=False, out_evaluations=count,
+        **({} if getattr(wenv, "sign_methods", None) is None else {"sign_method": wenv.sign_methods}))
     return count.cpu().numpy()
 
 
@@ -95,8 +99,9 @@ def plain_cost(spheres: np.ndarray, wenv, device: str, eta: float = ETA, weight:
     out_g = torch.zeros(spheres.shape[:-1] + (4,), device=device)
     sp = torch.zeros(spheres.shape[:-1], dtype=torch.uint8, device=device)
     wenv_args = (wenv.mesh_idx, wenv.mesh_pose_inverse, wenv.mesh_enable, wenv.n_env_mesh)
+    signs = () if getattr(wenv, "sign_methods", None) is None else (None, False, False, wenv.sign_methods)
     SdfMeshWarpPy.apply(qs, out_c, out_g, sp, scalar(weight, device), scalar(eta, device), *wenv_args,
-                        scalar(max_dist, device))
+                        scalar(max_dist, device), *signs)
     return out_c, out_g, sp
 
 
@@ -207,7 +212,7 @@ def test_samples_and_gradients_by_hand(device):
     """
     bv, bt = ref.box((0.2, 0.2, 0.2))
     meshes = [ref.RefMesh(bv, bt, np.array([0.35, 0, 0, 1, 0, 0, 0.0]))]
-    wenv = build_warp_env([meshes], device)
+    wenv = build_warp_env([meshes], device, adopt=True)
     s = np.array([[[[0.18, 0.0, 0.0, 0.0]], [[0.58, 0.0, 0.0, 0.0]]]])
     qs, cost, g, _ = run_swept(s, wenv, device, 4, eta=0.05, max_dist=1.0)
     np.testing.assert_allclose(np_(cost).reshape(-1), [0.054125, 0.024125], atol=1e-6)
@@ -311,7 +316,7 @@ def test_cost_is_continuous_when_a_neighbour_moves(device):
     rng = np.random.default_rng(41)
     bv, bt = ref.box((0.4, 0.4, 0.4))
     meshes = [ref.RefMesh(bv, bt)]
-    wenv = build_warp_env([meshes], device)
+    wenv = build_warp_env([meshes], device, adopt=True)
     p = np.array([0.21, 0.03, -0.05, 0.05])  # 1 cm outside the +x face, in contact
     s = np.repeat(p[None, None, None], 3, axis=1)
     c_plain, _, _ = plain_cost(s, wenv, device)
@@ -720,7 +725,7 @@ def test_off_spheres_contribute_and_receive_nothing(device):
 def test_free_space_samples_are_skipped(device):
     """Spheres whose clearance covers their half segments cost one evaluation each."""
     meshes = scene(9)
-    wenv = build_warp_env([meshes], device)
+    wenv = build_warp_env([meshes], device, adopt=True)
     rng = np.random.default_rng(43)
     s = random_trajectories(rng, 2, 8, 5, step=0.01, off_fraction=0.0)
     s[..., 0] += 2.0  # 1.5 m or more from every mesh
