@@ -27,7 +27,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, few repetitions (smoke test)")
     parser.add_argument("--only", choices=("core", "ros", "tf"), help="run only this part")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    parser.add_argument("--tables", help="comma-separated core tables to run (default: all), e.g. "
+                        "real_mesh_table; an unknown name lists the known ones")
+    parser.add_argument("--spheres", help="comma-separated sphere counts of real_mesh_table "
+                        "(default 1000,100000; --quick 1000,6240)")
     args = parser.parse_args(argv)
+    only_tables = [t.strip() for t in args.tables.split(",") if t.strip()] if args.tables else None
+    try:
+        real_spheres = tuple(int(x) for x in args.spheres.split(",")) if args.spheres else None
+    except ValueError:
+        parser.error(f"--spheres takes comma-separated integers, got {args.spheres!r}")
+    if real_spheres is not None and min(real_spheres) < 1:
+        parser.error("--spheres: counts must be positive")
     domain = _private_ros_env()
 
     import torch
@@ -50,8 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.only in (None, "core"):
         from bench import core_bench
 
+        unknown = sorted(set(only_tables or ()) - set(core_bench.tables()))
+        if unknown:
+            parser.error(f"--tables: unknown {', '.join(unknown)}; known: {', '.join(core_bench.tables())}")
         emit("\n## Core (in-process)")
-        core_bench.run(device, args.quick)
+        core_bench.run(device, args.quick, only_tables, real_spheres)
     if args.only in (None, "ros"):
         from bench import ros_bench
 

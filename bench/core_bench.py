@@ -983,10 +983,25 @@ class _TrivialFunction(torch.autograd.Function):
         return grad_output.unsqueeze(-1).expand(ctx.shape)
 
 
-def run(device: str = "cpu", quick: bool = False) -> None:
-    """Print every core table."""
+def tables() -> dict[str, Callable[..., None]]:
+    """Every core table by name, in the order a full run prints them."""
+    from bench import real_bench
+
+    parts = (world_updates, call_overhead, standard_table, raw_mesh_table, real_bench.real_mesh_table, sphere_scaling,
+             triangle_scaling, mppi_batch, sign_methods, swept_table, perception_free_space, far_obstacles)
+    return {part.__name__: part for part in parts}
+
+
+def run(device: str = "cpu", quick: bool = False, only: list[str] | None = None,
+        real_spheres: tuple[int, ...] | None = None) -> None:
+    """Print every core table, or those named in ``only`` (tables()); ``real_spheres``: the sphere
+    counts of real_mesh_table (default 1k and 100k)."""
     b = Bench(device, quick)
-    for part in (world_updates, call_overhead, standard_table, raw_mesh_table, sphere_scaling, triangle_scaling, mppi_batch,
-                 sign_methods, swept_table, perception_free_space, far_obstacles):
-        part(b)
+    for name, part in tables().items():
+        if only and name not in only:
+            continue
+        if name == "real_mesh_table":
+            part(b, real_spheres)
+        else:
+            part(b)
         emit(f"\n(load average after this table: {load_average()})")

@@ -312,16 +312,19 @@ def trajectories(meshes: list[SceneMesh], batch: int, horizon: int, spheres: int
     return out
 
 
+STANDARD_WORKSPACE = ((-2.5, -1.5, -0.5), (2.5, 1.5, 1.5))  # m, around the standard scene
+
+
 def mpc_rollouts(batch: int, horizon: int, spheres: int, seed: int = STANDARD_SEED + 3,
-                 radius: float = SPHERE_RADIUS, dt: float = 0.1) -> np.ndarray:
-    """(batch, horizon, spheres, 4) float32: MPC-like rollouts through the standard scene's
-    workspace, mostly in free space. Each batch row is a rigid body of ``spheres`` spheres (random
-    offsets within a 0.4 m cube) whose centre starts anywhere in the workspace box
-    [-2.5, 2.5] x [-1.5, 1.5] x [-0.5, 1.5] m and drives at 0.1-0.3 m/s with a smoothly varying
-    (AR(1)) velocity, ``dt`` s per step: consecutive steps 1-3 cm apart, as in the demo's MPPI.
-    How many spheres come within the activation distance of a surface is measured where used."""
+                 radius: float = SPHERE_RADIUS, dt: float = 0.1, workspace=STANDARD_WORKSPACE) -> np.ndarray:
+    """(batch, horizon, spheres, 4) float32: MPC-like rollouts through a workspace box (lo, hi)
+    (default: the standard scene's, [-2.5, 2.5] x [-1.5, 1.5] x [-0.5, 1.5] m), mostly in free
+    space. Each batch row is a rigid body of ``spheres`` spheres (random offsets within a 0.4 m
+    cube) whose centre starts anywhere in the box and drives at 0.1-0.3 m/s with a smoothly
+    varying (AR(1)) velocity, ``dt`` s per step: consecutive steps 1-3 cm apart, as in the demo's
+    MPPI. How many spheres come within the activation distance of a surface is measured where used."""
     rng = np.random.default_rng(seed)
-    start = rng.uniform([-2.5, -1.5, -0.5], [2.5, 1.5, 1.5], size=(batch, 1, 1, 3))
+    start = rng.uniform(workspace[0], workspace[1], size=(batch, 1, 1, 3))
     offsets = rng.uniform(-0.2, 0.2, size=(batch, 1, spheres, 3))
     direction = rng.normal(size=(batch, 3))
     direction /= np.linalg.norm(direction, axis=1, keepdims=True)
@@ -390,3 +393,166 @@ def far_obstacles(count: int) -> list[SceneMesh]:
         pose = np.array([3.0 + 0.25 * x, -2.0 + 0.25 * y, 0.25 * z, 1.0, 0.0, 0.0, 0.0])
         out.append(SceneMesh(f"far{i}", v, t, pose))
     return out
+
+
+# ------------------------------------------------------------------------ real robot meshes
+REAL_GAP = 0.1  # m between the bounding spheres of neighbouring real meshes
+# Shares of the real-mesh sphere mix, and the bands that define its classes (signed distance sd
+# to the union of the meshes, by Warp's winding-number sign: negative inside).
+SPHERE_MIX = (("near outside", 0.35), ("shallow inside", 0.25), ("deep inside", 0.25), ("anywhere", 0.15))
+NEAR_OUTSIDE = MAX_DIST  # near outside: 0 < sd <= this
+SHALLOW_DEPTH = 0.01  # shallow inside: -this <= sd < 0; deep inside: sd < -this
+ANYWHERE_MARGIN = 0.3  # anywhere: uniform in the scene's bounding box grown by this
+
+
+def real_robot_meshes(names: tuple[str, ...] | None = None, seed: int = STANDARD_SEED + 7) -> list[SceneMesh]:
+    """Manufacturers' meshes of bench.real_meshes (default: its BENCH_SCENE), as the files are, at
+    random rotations, the centres of their bounding boxes on a 4-wide grid whose spacing keeps
+    neighbouring bounding spheres REAL_GAP apart (row after row along +y, the scene at z = 0.5 m)."""
+    from bench import real_meshes
+
+    rng = np.random.default_rng(seed)
+    out: list[SceneMesh] = []
+    names = real_meshes.BENCH_SCENE if names is None else names
+    loaded = [(name, *real_meshes.load(name)) for name in names]
+    radii = [0.5 * float(np.linalg.norm(np.ptp(v.astype(np.float64), axis=0))) for _, v, _ in loaded]
+    y = 0.0
+    for row in range(0, len(loaded), 4):
+        cells = range(row, min(row + 4, len(loaded)))
+        if row:
+            y += max(radii[row - 4:row]) + REAL_GAP + max(radii[k] for k in cells)
+        x = 0.0
+        for k in cells:
+            if k > row:
+                x += radii[k - 1] + REAL_GAP + radii[k]
+            name, v, t = loaded[k]
+            v64 = v.astype(np.float64)
+            centre = 0.5 * (v64.min(axis=0) + v64.max(axis=0))
+            q = _random_quaternion(rng)
+            rotated_centre = transform_points(np.concatenate([[0.0, 0.0, 0.0], q]), centre[None])[0]
+            pose = np.concatenate([np.array([x, y, 0.5]) - rotated_centre, q])
+            out.append(SceneMesh(name, v, t, pose))
+    return out
+
+
+def scene_box(meshes: list[SceneMesh], margin: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) (3,) float64: the world-frame bounding box of the meshes, grown by ``margin``."""
+    pts = np.concatenate([m.world_vertices() for m in meshes]).astype(np.float64)
+    return pts.min(axis=0) - margin, pts.max(axis=0) + margin
+
+
+def _winding_signed_distance_kernel_def():
+    import warp as wp
+
+    @wp.kernel
+    def winding_signed_distance(mesh: wp.uint64, points: wp.array(dtype=wp.vec3), out: wp.array(dtype=float)):
+        """Distance to the closest surface point, negative where Warp's winding number is above 0.5."""
+        i = wp.tid()
+        p = points[i]
+        q = wp.mesh_query_point_sign_winding_number(mesh, p, 1.0e6, 2.0, 0.5)
+        d = float(1.0e6)
+        if q.result:
+            d = wp.length(p - wp.mesh_eval_position(mesh, q.face, q.u, q.v)) * q.sign
+        out[i] = d
+
+    return winding_signed_distance
+
+
+_KERNELS: dict = {}
+
+
+class UnionDistance:
+    """Signed distance (Warp's winding-number sign, float32) to the union of scene meshes, on the
+    CPU, where it is below ``reach`` (farther points get a positive value above it): an
+    independent labeller for generated spheres (Warp's own queries, no robot_sdf kernel). A mesh
+    is queried only at points within ``reach`` of its bounding sphere."""
+
+    def __init__(self, meshes: list[SceneMesh], reach: float = 0.5):
+        import warp as wp
+
+        from robot_sdf.geometry import pose_inverse
+
+        if "wsd" not in _KERNELS:
+            _KERNELS["wsd"] = _winding_signed_distance_kernel_def()
+        self.kernel = _KERNELS["wsd"]
+        self.reach = reach
+        self.inverse = [pose_inverse(m.pose) for m in meshes]
+        self.spheres = []
+        for m in meshes:
+            v = m.vertices.astype(np.float64)
+            centre = 0.5 * (v.min(axis=0) + v.max(axis=0))
+            self.spheres.append((centre, float(np.linalg.norm(v - centre, axis=1).max())))
+        self.meshes = [wp.Mesh(points=wp.array(m.vertices, dtype=wp.vec3, device="cpu"),
+                               indices=wp.array(m.triangles.reshape(-1), dtype=wp.int32, device="cpu"),
+                               support_winding_number=True) for m in meshes]
+
+    def __call__(self, points: np.ndarray) -> np.ndarray:
+        """(N,) float64 min over the meshes of their signed distances at world points (N,3)."""
+        import warp as wp
+
+        best = np.full(points.shape[0], np.inf)
+        for inverse, (centre, radius), mesh in zip(self.inverse, self.spheres, self.meshes):
+            local = transform_points(inverse, points)
+            near = np.flatnonzero(np.linalg.norm(local - centre, axis=1) <= radius + self.reach)
+            if near.size == 0:
+                continue
+            out = wp.zeros(near.shape[0], dtype=float, device="cpu")
+            wp.launch(self.kernel, dim=near.shape[0], device="cpu", outputs=[out],
+                      inputs=[mesh.id, wp.array(local[near].astype(np.float32), dtype=wp.vec3, device="cpu")])
+            best[near] = np.minimum(best[near], out.numpy().astype(np.float64))
+        return best
+
+
+def mixed_spheres(meshes: list[SceneMesh], count: int, seed: int = STANDARD_SEED + 8,
+                  radius: float = SPHERE_RADIUS) -> tuple[np.ndarray, dict[str, int]]:
+    """(count, 4) float32 spheres x,y,z,r in the SPHERE_MIX shares: near outside (0 < sd <=
+    NEAR_OUTSIDE), shallow inside (-SHALLOW_DEPTH <= sd < 0), deep inside (sd < -SHALLOW_DEPTH),
+    anywhere (uniform in the scene box grown by ANYWHERE_MARGIN), sd by UnionDistance; shuffled.
+    Candidates: surface points moved along the face normal by U[-2 cm, NEAR_OUTSIDE] (near,
+    shallow) and points uniform in each mesh's own bounding box (deep). Also returns the count
+    of each class (a class the meshes cannot fill, e.g. deep inside thin parts, is topped up
+    from near outside)."""
+    rng = np.random.default_rng(seed)
+    label = UnionDistance(meshes)
+    want = {name: int(round(share * count)) for name, share in SPHERE_MIX}
+    want["near outside"] += count - sum(want.values())
+    got: dict[str, list[np.ndarray]] = {name: [] for name in want}
+
+    def have(name: str) -> int:
+        return sum(len(x) for x in got[name])
+
+    lo, hi = scene_box(meshes, ANYWHERE_MARGIN)
+    got["anywhere"].append(rng.uniform(lo, hi, size=(want["anywhere"], 3)))
+    bands = {"near outside": lambda sd: (sd > 0) & (sd <= NEAR_OUTSIDE),
+             "shallow inside": lambda sd: (sd < 0) & (sd >= -SHALLOW_DEPTH),
+             "deep inside": lambda sd: sd < -SHALLOW_DEPTH}
+    for _ in range(30):
+        short = {name: want[name] - have(name) for name in bands if have(name) < want[name]}
+        if not short:
+            break
+        batch = 4 * max(short.values()) + 64
+        points, normals = surface_samples(meshes, batch, rng)
+        near = points + normals * rng.uniform(-0.02, NEAR_OUTSIDE, size=(batch, 1))
+        boxes = []
+        for m in meshes:
+            v = m.vertices.astype(np.float64)
+            local = rng.uniform(v.min(axis=0), v.max(axis=0), size=(batch // len(meshes) + 1, 3))
+            boxes.append(transform_points(m.pose, local))
+        candidates = np.concatenate([near, np.concatenate(boxes)])
+        sd = label(candidates)
+        for name in short:
+            pick = candidates[bands[name](sd)][: want[name] - have(name)]
+            got[name].append(pick)
+    counts = {name: have(name) for name in want}
+    missing = count - sum(counts.values())
+    if missing > 0:  # top up from near outside
+        extra = []
+        while sum(len(x) for x in extra) < missing:
+            points, normals = surface_samples(meshes, 4 * missing, rng)
+            c = points + normals * rng.uniform(0.0, NEAR_OUTSIDE, size=(4 * missing, 1))
+            extra.append(c[bands["near outside"](label(c))])
+        got["near outside"].append(np.concatenate(extra)[:missing])
+        counts["near outside"] += missing
+    centres = np.concatenate([np.concatenate(x) for x in got.values() if x])[:count]
+    centres = centres[rng.permutation(centres.shape[0])]
+    return np.concatenate([centres, np.full((count, 1), radius)], axis=1).astype(np.float32), counts

@@ -1,0 +1,192 @@
+"""Real robot meshes (bench.real_meshes): the cost on manufacturers' CAD exports, side by side
+with bench/curobo_style.py on the same tensors.
+
+Scene: bench.scenes.real_robot_meshes (11 meshes of rtb-data, 128,992 triangles, as the files
+are, at random rotations 10 cm apart). Plain cost: the sphere mix of bench.scenes.mixed_spheres
+(35 % near outside, 25 % shallow inside, 25 % deep inside, 15 % anywhere). Swept cost
+(sweep_steps 4): MPPI-like rollouts b x h x n (bench.scenes.mpc_rollouts through the scene's
+box grown by 0.3 m, mostly in free space), and the plain cost on the same rollouts (the
+swept / plain ratio). Every case fwd+bwd on one thread (CPU), interleaved in a new order every
+round (bench.measure's shuffle), for:
+
+- cuRobo-style kernels (bench/curobo_style.py) on the raw tensors: the reference of every ratio;
+- raw tensors (``wp.Mesh(points, indices, support_winding_number=True)`` per mesh, pose pad 0),
+  passed as they are (no trailing sign argument: Warp's own signed query plus robot_sdf's two
+  corrections);
+- adopted tensors (``robot_sdf.adopt_meshes`` of the raw ids, its ids and per-slot sign codes
+  passed as the trailing argument; a skipped row where robot_sdf has no adopt_meshes);
+- MeshWorld with its default sign method (auto), called as MeshWorld's own evaluations call the
+  Functions (its snapshot as the trailing argument, inside ``world.reading()``).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+import robot_sdf
+from bench import Stats, cpu_model, emit, section, table
+from bench import real_meshes, scenes
+from bench.core_bench import (CUROBO_STYLE, SWEEP_STEPS, Bench, CostRunner, TensorWorld, _one_thread,
+                              build_world)
+from bench.curobo_style import CuroboStyleRunner
+from robot_sdf import SignMethod
+from robot_sdf.warp_primitives import SdfMeshWarpPy, SweptSdfMeshWarpPy
+
+RAW = "raw tensors, as they are"
+ADOPTED = "adopted tensors (adopt_meshes)"
+MESHWORLD = "MeshWorld, default sign method (auto)"
+PATHS = (CUROBO_STYLE, RAW, ADOPTED, MESHWORLD)
+DEFAULT_SPHERES = (1_000, 100_000)
+HORIZON, PER_STEP = 30, 52  # rollouts b x 30 x 52 (b = spheres / 1,560; up to 1k: b x 20 x 10)
+
+
+def rollout_shape(count: int) -> tuple[int, int, int]:
+    """(b, h, n) of about ``count`` rollout spheres: b x 20 x 10 up to 1k (5 x 20 x 10: five
+    bodies, so that a small set still samples the scene), else b x 30 x 52 (64 x 30 x 52 for 100k)."""
+    if count <= 1_000:
+        return max(1, count // 200), 20, 10
+    return max(1, round(count / (HORIZON * PER_STEP))), HORIZON, PER_STEP
+
+
+class SnapshotRunner(CostRunner):
+    """CostRunner on a MeshWorld, called as MeshWorld's evaluations call the Functions: inside
+    ``world.reading()``, the snapshot as the trailing sign argument (its per-slot methods and
+    slot BVHs)."""
+
+    def forward_backward(self) -> torch.Tensor:
+        self.spheres_grad.grad = None
+        with self.world.reading() as snap:
+            c = SdfMeshWarpPy.apply(self.spheres_grad, self.cost, self.grad, self.sparsity, self.weight, self.eta,
+                                    snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh,
+                                    self.max_dist, None, False, False, snap)
+        c.sum().backward()
+        return self.spheres_grad.grad
+
+    def swept_forward_backward(self, sweep_steps: int = SWEEP_STEPS) -> torch.Tensor:
+        self.spheres_grad.grad = None
+        with self.world.reading() as snap:
+            c = SweptSdfMeshWarpPy.apply(self.spheres_grad, self.cost, self.grad, self.sparsity, self.weight,
+                                         self.eta, self.speed_dt, snap.mesh_idx, snap.mesh_pose_inverse,
+                                         snap.mesh_enable, snap.n_env_mesh, self.max_dist, sweep_steps, False, None,
+                                         False, snap)
+        c.sum().backward()
+        return self.spheres_grad.grad
+
+
+class RawRunner(CostRunner):
+    """CostRunner on raw tensors called as a cuRobo user calls the Functions: no trailing sign
+    argument."""
+
+    def forward_backward(self) -> torch.Tensor:
+        self.spheres_grad.grad = None
+        c = SdfMeshWarpPy.apply(self.spheres_grad, self.cost, self.grad, self.sparsity, self.weight, self.eta,
+                                *self._world_args())
+        c.sum().backward()
+        return self.spheres_grad.grad
+
+    def swept_forward_backward(self, sweep_steps: int = SWEEP_STEPS) -> torch.Tensor:
+        s = self.snap
+        self.spheres_grad.grad = None
+        c = SweptSdfMeshWarpPy.apply(self.spheres_grad, self.cost, self.grad, self.sparsity, self.weight, self.eta,
+                                     self.speed_dt, s.mesh_idx, s.mesh_pose_inverse, s.mesh_enable, s.n_env_mesh,
+                                     self.max_dist, sweep_steps)
+        c.sum().backward()
+        return self.spheres_grad.grad
+
+
+def _scene_summary(meshes: list[scenes.SceneMesh], world) -> None:
+    rows = []
+    for m in meshes:
+        info = world.mesh_info(m.name)
+        auto = info.get("auto", {})
+        rows.append([m.name, real_meshes.BY_NAME[m.name].kind, f"{len(m.triangles):,}", info["sign_method"],
+                     auto.get("reason", "")])
+    emit(table(["mesh", "kind", "triangles", "auto", "auto's reason"], rows))
+
+
+def real_mesh_table(b: Bench, sphere_counts: tuple[int, ...] | None = None) -> None:
+    """The real-mesh rows at each sphere count (module docstring)."""
+    counts = tuple(sphere_counts or ((1_000, 6_240) if b.quick else DEFAULT_SPHERES))
+    meshes = scenes.real_robot_meshes()
+    n_tri = sum(len(m.triangles) for m in meshes)
+    section(f"Real robot meshes on {b.device} ({cpu_model() if b.device == 'cpu' else b.device}): "
+            f"{len(meshes)} manufacturers' meshes, {n_tri:,} triangles, side by side with cuRobo-style kernels")
+    world = build_world(meshes, b.device, SignMethod.AUTO)
+    raw = TensorWorld(meshes, b.device, 0.0)
+    adoptable = hasattr(robot_sdf, "adopt_meshes")
+    adopted = TensorWorld(meshes, b.device, 0.0, adopt=True) if adoptable else None
+    _scene_summary(meshes, world)
+    workspace = scenes.scene_box(meshes, scenes.ANYWHERE_MARGIN)
+    emit(f"\nPlain: the sphere mix of bench.scenes.mixed_spheres, r = {scenes.SPHERE_RADIUS} m; swept: MPPI-like "
+         f"rollouts (bench.scenes.mpc_rollouts through the scene box grown by {scenes.ANYWHERE_MARGIN} m, 1-3 cm "
+         f"steps), sweep_steps {SWEEP_STEPS}; max_dist {scenes.MAX_DIST} m, activation {scenes.ACTIVATION} m; fwd+bwd, "
+         + ("one thread." if b.device == "cpu" else "GPU.") + f" Reference of '/ cuRobo-style': {CUROBO_STYLE} "
+         "(bench/curobo_style.py) on the raw tensors.")
+    if not adoptable:
+        emit(f"'{ADOPTED}': skipped (this robot_sdf has no adopt_meshes).")
+    rows, notes = [], []
+    for count in counts:
+        spheres, mix = scenes.mixed_spheres(meshes, count)
+        shape = rollout_shape(count)
+        rollouts = scenes.mpc_rollouts(*shape, workspace=workspace)
+        runners = {RAW: (RawRunner(raw, spheres), RawRunner(raw, rollouts)),
+                   MESHWORLD: (SnapshotRunner(world, spheres), SnapshotRunner(world, rollouts))}
+        if adopted is not None:
+            runners[ADOPTED] = (CostRunner(adopted, spheres), CostRunner(adopted, rollouts))
+        plain_ref = CuroboStyleRunner(runners[RAW][0])  # the raw tensors: what cuRobo itself would be given
+        swept_ref = CuroboStyleRunner(runners[RAW][1])
+        cases: dict[tuple[str, str], Callable[[], object]] = {
+            ("plain", CUROBO_STYLE): plain_ref.forward_backward,
+            ("swept", CUROBO_STYLE): lambda f=swept_ref.forward_backward: f(SWEEP_STEPS),
+            ("plain on the rollouts", CUROBO_STYLE): swept_ref.forward_backward}
+        for name, (plain, swept) in runners.items():
+            cases[("plain", name)] = plain.forward_backward
+            cases[("swept", name)] = swept.swept_forward_backward
+            cases[("plain on the rollouts", name)] = swept.forward_backward
+        if b.device == "cpu":
+            cases = {k: (lambda f=f: _one_thread(f)) for k, f in cases.items()}
+        res: dict[tuple[str, str], Stats] = b.timed(cases, reps=3 if b.quick else 11, shuffle=True)
+        costed = _costed_shares(plain_ref, swept_ref, runners)
+        n_plain, n_roll = spheres.shape[0], int(np.prod(shape))
+        for kind in ("plain", "swept", "plain on the rollouts"):
+            ref = res[(kind, CUROBO_STYLE)].median
+            for name in PATHS:
+                if (kind, name) not in res:
+                    rows.append([f"{n_plain:,}" if kind == "plain" else f"{n_roll:,}", kind, name, "skipped", "", "",
+                                 "", ""])
+                    continue
+                st = res[(kind, name)]
+                n = n_plain if kind == "plain" else n_roll
+                ratio = ""
+                if kind == "swept":
+                    ratio = f"{st.median / res[('plain on the rollouts', name)].median:.2f}"
+                rows.append([f"{n:,}", kind, name, st.ms(), f"{1e9 * st.median / n:,.0f}", f"{st.median / ref:.2f}",
+                             ratio, costed.get((kind, name), "")])
+        notes.append(f"{n_plain:,} plain spheres: " + ", ".join(f"{k} {v:,}" for k, v in mix.items())
+                     + f"; rollouts {' x '.join(map(str, shape))}.")
+    emit("")
+    emit(table(["spheres", "cost", "world tensors", "median ms (p25-p75)", "ns / sphere", "/ cuRobo-style",
+                "swept / plain on the rollouts", "cost > 0"], rows))
+    for note in notes:
+        emit(note)
+
+
+def _costed_shares(plain_ref: CuroboStyleRunner, swept_ref: CuroboStyleRunner, runners: dict) -> dict:
+    """'cost > 0' column: share of spheres each path costs (one untimed call each)."""
+    out = {}
+    plain_ref.launch(0)
+    out[("plain", CUROBO_STYLE)] = plain_ref.cost.clone()
+    swept_ref.launch(SWEEP_STEPS)
+    out[("swept", CUROBO_STYLE)] = swept_ref.cost.clone()
+    swept_ref.launch(0)
+    out[("plain on the rollouts", CUROBO_STYLE)] = swept_ref.cost.clone()
+    for name, (plain, swept) in runners.items():
+        plain.forward_backward()
+        out[("plain", name)] = plain.cost.clone()
+        swept.swept_forward_backward()
+        out[("swept", name)] = swept.cost.clone()
+        swept.forward_backward()
+        out[("plain on the rollouts", name)] = swept.cost.clone()
+    return {k: f"{100 * float((c > 0).float().mean()):.1f} %" for k, c in out.items()}
