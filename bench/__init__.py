@@ -165,7 +165,7 @@ def machine_description(device: str) -> list[tuple[str, str]]:
         mem = f"{kb / 2**20:.1f} GiB"
     except (OSError, ValueError, IndexError):
         pass
-    from robot_sdf.warp_primitives import cpu_threads
+    from robot_sdf.launch import cpu_threads
 
     lines = [
         ("CPU", cpu_model()),

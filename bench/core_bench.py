@@ -36,7 +36,8 @@ from bench import scenes
 from bench.curobo_style import CuroboStyleRunner
 from bench.legacy_swept import legacy_swept_sphere_cost_kernel
 from robot_sdf import MeshWorld, SignMethod, adopt_meshes, kernels
-from robot_sdf.warp_primitives import (SdfMeshWarpPy, SweptSdfMeshWarpPy, _as_warp, _launch, _sign_arguments,
+from robot_sdf.launch import descriptor as _as_warp, launch_kernel as _launch
+from robot_sdf.warp_primitives import (SdfMeshWarpPy, SweptSdfMeshWarpPy, _sign_arguments,
                                        _slot_bvh_arguments,
                                        launch_swept_sphere_cost, warp_device)
 
@@ -245,7 +246,7 @@ class FloorRunner:
                 int(add_radius)]
 
     def threaded(self, add_radius: bool = True) -> None:
-        """Same chunking and thread pool as the cost (robot_sdf.warp_primitives._launch)."""
+        """Same chunking and thread pool as the cost (robot_sdf.launch.launch_kernel)."""
         _launch(traversal_floor_kernel, self.total, self._inputs(add_radius), [self.out], self.device)
 
     def single_thread(self, add_radius: bool = True) -> None:
@@ -396,7 +397,7 @@ def standard_table(b: Bench) -> None:
 
 
 def _threads_for(total: int) -> int:
-    from robot_sdf.warp_primitives import _CPU_MIN_SPHERES_PER_THREAD, cpu_threads as n_threads
+    from robot_sdf.launch import _CPU_MIN_SPHERES_PER_THREAD, cpu_threads as n_threads
 
     return min(n_threads(), max(1, total // _CPU_MIN_SPHERES_PER_THREAD))
 

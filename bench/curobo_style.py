@@ -26,7 +26,7 @@ import torch
 import warp as wp
 
 from robot_sdf import kernels
-from robot_sdf.warp_primitives import _as_warp, _launch
+from robot_sdf.launch import descriptor as _as_warp, launch_kernel as _launch
 
 wp.set_module_options({"enable_backward": False})
 

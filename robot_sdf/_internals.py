@@ -3,7 +3,7 @@
 Each shortcut is used only on the library versions it was checked against (SUPPORTED_*) and has
 a public equivalent that a test compares it with (test/autograd_contract_test.py for torch,
 test/world_updates_test.py for rclpy); on other versions the public path is taken. (Warp's
-recorded-launch shortcut, warp_primitives._CpuCall, has the same gate: WARP_SHORTCUTS.)
+recorded-launch shortcut, robot_sdf.launch's direct CPU calls, has the same gate: WARP_SHORTCUTS.)
 
 - direct_apply: torch.autograd.Function.apply is a Python wrapper around the C entry point
   (torch._C._FunctionBase.apply): it binds default arguments with inspect.signature for

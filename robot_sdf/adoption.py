@@ -37,7 +37,7 @@ import warp as wp
 
 from robot_sdf import mesh_analysis
 from robot_sdf.types import SignMethod
-from robot_sdf.warp_primitives import warp_device
+from robot_sdf.launch import warp_device
 
 # Sign methods under which a closed shell is evaluated through its twin (pseudo-normal sign).
 SHELL_TWIN_METHODS = (SignMethod.AUTO, SignMethod.NORMAL)

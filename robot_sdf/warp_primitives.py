@@ -37,326 +37,16 @@ once_differentiable error. float64 spheres are refused (ValueError): the buffers
 """
 from __future__ import annotations
 
-import ctypes
 import operator
-import os
-import threading
-from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 import warp as wp
 
-from robot_sdf import _internals, kernels, mesh_analysis
+from robot_sdf import _internals, kernels
+from robot_sdf.launch import (descriptor, direct_cpu_call, flat_descriptor,
+                              launch_kernel, owning_descriptor, warp_device)
 from robot_sdf.types import SignMethod, WorldSnapshot
-
-_CPU_MIN_SPHERES_PER_THREAD = 2048
-# CPU launches go straight to the kernel hook (_CpuCall). False sends them through Warp's
-# recorded launch with its packed parameters instead, the path every CUDA launch takes, so that
-# tests run that path on a machine without a GPU (test/cuda_paths_test.py).
-CPU_DIRECT_CALLS = True
-_cpu_pool: ThreadPoolExecutor | None = None
-_cpu_pool_lock = threading.Lock()
-_initialised = False
-
-
-def cpu_threads() -> int:
-    """Threads used for Warp CPU launches (Warp runs one CPU launch on one thread).
-
-    ROBOT_SDF_CPU_THREADS overrides; default is the number of cores this process may use."""
-    env = os.environ.get("ROBOT_SDF_CPU_THREADS")
-    if env:
-        return max(1, int(env))
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def init_warp() -> None:
-    """Initialise Warp once, quietly."""
-    global _initialised
-    if not _initialised:
-        wp.config.log_level = wp.LOG_WARNING
-        wp.init()
-        _initialised = True
-
-
-_loaded_devices: set[str] = set()
-_warp_devices: dict[torch.device, object] = {}
-_load_lock = threading.Lock()
-# Warp views of torch streams, most recently used last. Bounded: a caller that makes a new torch
-# stream per call must not grow it without limit (a view only wraps the handle; dropping it does
-# not destroy torch's stream). Locked: service threads look streams up concurrently.
-_streams: OrderedDict[tuple[int, int], wp.Stream] = OrderedDict()
-_streams_lock = threading.Lock()
-STREAM_CACHE_SIZE = 32
-
-
-def warp_device(device: torch.device):
-    """The Warp device of a torch device, with robot_sdf's kernels loaded on it.
-
-    Warp's module loading is not thread-safe, so it happens once per device under a lock
-    (service threads of a node may make their first launches concurrently)."""
-    wdev = _warp_devices.get(device)
-    if wdev is not None:
-        return wdev
-    init_warp()
-    wdev = wp.device_from_torch(device)
-    if wdev.alias not in _loaded_devices:
-        with _load_lock:
-            if wdev.alias not in _loaded_devices:
-                wp.load_module(kernels, device=wdev)
-                wp.load_module(mesh_analysis, device=wdev)
-                _loaded_devices.add(wdev.alias)
-    _warp_devices[device] = wdev  # only once its modules are loaded
-    return wdev
-
-
-def _torch_stream(device: torch.device) -> wp.Stream:
-    """Warp view of torch's current stream on ``device``, cached per stream handle."""
-    ts = torch.cuda.current_stream(device)
-    key = (device.index or 0, int(ts.cuda_stream))
-    with _streams_lock:
-        stream = _streams.get(key)
-        if stream is not None:
-            _streams.move_to_end(key)
-            return stream
-        stream = wp.stream_from_torch(ts)
-        _streams[key] = stream
-        while len(_streams) > STREAM_CACHE_SIZE:
-            _streams.popitem(last=False)
-        return stream
-
-
-class _Launches(threading.local):
-    """Recorded Warp launches (``wp.launch(..., record_cmd=True)``), one per kernel and device and
-    per thread (a Launch holds its packed arguments, so two threads must not share one).
-
-    Re-running a recorded launch with new argument descriptors skips wp.launch's per-argument
-    type dispatch and packing, most of the fixed cost of a small evaluation."""
-
-    def __init__(self) -> None:
-        self.by_kernel: dict[tuple, tuple[object, int]] = {}
-
-
-_launches = _Launches()
-
-
-# _CpuCall.last entry of an argument that set_flats wrote (a 1-D descriptor already in place).
-_FLAT = object()
-
-
-class _CpuCall:
-    """A recorded CPU launch called through its kernel hook with a persistent argument struct
-    (what Warp's own replay does, minus building and filling a fresh struct on every call): only
-    the arguments that changed since the last call are written.
-
-    Two ways to fill it: ``__call__(args)`` with the whole argument list (descriptors, wp.arrays,
-    numbers), or, for the per-call fast path, ``set_constants`` (a tuple of values reused across
-    calls, written only when a different tuple comes), ``set_flats`` (contiguous tensors written
-    straight into 1-D array arguments, no descriptor objects) and ``set_values``, then
-    ``run()``."""
-
-    def __init__(self, cmd) -> None:
-        self.cmd = cmd
-        fields = [(arg.label, type(value)) for arg, value in zip(cmd.kernel.adj.args, cmd.params[1:])]
-        self.names = [name for name, _ in fields]
-        self.struct = type("RobotSdfArgs", (ctypes.Structure,), {"_fields_": fields})()
-        self.struct_ref = ctypes.byref(self.struct)
-        self.last: list = [None] * len(fields)
-        self.hook = cmd.hooks.forward
-        self.constants = None
-        # Views sharing the struct's memory (data, shape, strides) of its 1-D array arguments, with
-        # the element size in bytes of each: what set_flats writes.
-        self.flat_views: dict[int, tuple] = {}
-        for i, arg in enumerate(cmd.kernel.adj.args):
-            if fields[i][1] is _array_t and getattr(arg.type, "ndim", 0) == 1:
-                view = getattr(self.struct, arg.label)
-                self.flat_views[i] = (view, view.shape, view.strides,
-                                      wp.types.type_size_in_bytes(arg.type.dtype))
-
-    def __call__(self, args: list) -> None:
-        struct, last, names = self.struct, self.last, self.names
-        self.constants = None
-        for i, value in enumerate(args):
-            if value is not last[i]:
-                if isinstance(value, wp.array):
-                    value = value.__ctype__()
-                setattr(struct, names[i], value)
-                last[i] = value
-        self.run()
-
-    def set_constants(self, positions: tuple, values: tuple) -> None:
-        """Write ``values`` (descriptors or numbers) to the arguments at ``positions``, unless this
-        very tuple was the last one written (callers keep one tuple per set of world tensors, and
-        never pass those positions to set_flats or set_values)."""
-        if values is self.constants:
-            return
-        self.set_values(positions, values)
-        self.constants = values
-
-    def set_flats(self, positions: tuple, tensors: tuple) -> None:
-        """Point the 1-D array arguments at ``positions`` at contiguous tensors (their bytes, as
-        elements of the kernel's dtype). The caller keeps the tensors alive until run() returns."""
-        views, last = self.flat_views, self.last
-        for i, t in zip(positions, tensors):
-            view, shape, strides, element = views[i]
-            view.data = t.data_ptr()
-            shape[0] = t.numel() * t.element_size() // element
-            if last[i] is not _FLAT:  # rank and stride stay from the previous set_flats
-                view.ndim = 1
-                strides[0] = element
-                last[i] = _FLAT
-
-    def set_values(self, positions: tuple, values: tuple) -> None:
-        """Write ``values`` (numbers, or descriptors) to the arguments at ``positions``."""
-        struct, last, names = self.struct, self.last, self.names
-        for i, value in zip(positions, values):
-            if value is not last[i]:
-                setattr(struct, names[i], value)
-                last[i] = value
-
-    def run(self) -> None:
-        self.hook(ctypes.byref(self.cmd.bounds), self.struct_ref)
-
-
-def _replay(kernel, wdev, total: int, args: list, stream=None) -> None:
-    """Launch ``kernel`` over ``total`` threads with ``args`` (its whole argument list, array
-    arguments as descriptors or wp.arrays, scalars as Python numbers) through a recorded launch
-    reused across calls."""
-    if not _internals.WARP_SHORTCUTS:
-        # Warp's public launch: the recorded-launch shortcuts below write into Warp's private
-        # Launch object, checked only on the versions robot_sdf._internals lists.
-        wp.launch(kernel, dim=total, inputs=args, device=wdev, stream=stream)
-        return
-    key = (kernel, wdev.alias)
-    entry = _launches.by_kernel.get(key)
-    if entry is None:
-        cmd = wp.launch(kernel, dim=total, inputs=args, device=wdev, record_cmd=True)
-        if not isinstance(cmd, wp.Launch) or cmd.fwd_args is None:
-            raise RuntimeError(f"Warp did not record a reusable launch of {kernel.key}")
-        # CPU kernels without thread blocks go straight to their hook (Warp's invoke path).
-        fast = _CpuCall(cmd) if CPU_DIRECT_CALLS and wdev.is_cpu and cmd.block_dim <= 1 and not cmd.adjoint else None
-        _launches.by_kernel[key] = [cmd, total, fast]
-        if fast is not None:
-            fast(args)
-        else:
-            cmd.launch(stream) if stream is not None else cmd.launch()
-        return
-    cmd, dim, fast = entry
-    if dim != total:
-        cmd.set_dim(total)
-        entry[1] = total
-    if fast is not None:
-        fast(args)
-        return
-    # The packed argument list: params[0] is the launch bounds, params[i + 1] argument i. Array
-    # descriptors replace their slot (and, on CUDA, its address); scalars are written in place.
-    params, addresses, recorded = cmd.params, cmd.params_addr, cmd.fwd_args
-    for i, value in enumerate(args):
-        if isinstance(value, wp.array):
-            value = value.__ctype__()
-        if isinstance(value, _array_t):
-            if params[i + 1] is not value:
-                params[i + 1] = value
-                if addresses:
-                    addresses[i + 1] = ctypes.c_void_p(ctypes.addressof(value))
-        else:
-            params[i + 1].value = value
-        recorded[i] = value
-    cmd.launch(stream) if stream is not None else cmd.launch()
-
-
-def _cpu_call(kernel, device: torch.device, total: int) -> _CpuCall | None:
-    """This thread's direct call of ``kernel`` on the CPU, set to ``total`` threads, when the
-    launch runs as one serial chunk and an earlier launch through _launch has recorded it; else
-    None (launch through _launch)."""
-    if device.type != "cpu" or total == 0 or total >= 2 * _CPU_MIN_SPHERES_PER_THREAD \
-            or not _internals.WARP_SHORTCUTS:
-        return None
-    entry = _launches.by_kernel.get((kernel, warp_device(device).alias))
-    if entry is None or entry[2] is None:
-        return None
-    if entry[1] != total:
-        entry[0].set_dim(total)
-        entry[1] = total
-    return entry[2]
-
-
-def _launch(kernel, total: int, inputs_before_range: list, outputs: list, device: torch.device) -> None:
-    """Launch ``kernel`` over ``total`` threads; its arguments end with (start, total, *outputs).
-
-    Array arguments are launch descriptors (_as_warp); scalars are Python ints/floats matching
-    the kernel's types. On CUDA the launch goes on torch's current stream. On the CPU, Warp runs a
-    launch serially, so large launches are split into contiguous chunks launched from a thread
-    pool (Warp releases the GIL while a CPU kernel runs, so the chunks run on separate cores).
-    """
-    global _cpu_pool
-    if total == 0:
-        return
-    wdev = warp_device(device)
-    if device.type == "cuda":
-        _replay(kernel, wdev, total, [*inputs_before_range, 0, total, *outputs], _torch_stream(device))
-        return
-    threads = 1 if total < 2 * _CPU_MIN_SPHERES_PER_THREAD else min(cpu_threads(), total // _CPU_MIN_SPHERES_PER_THREAD)
-    if threads == 1:
-        _replay(kernel, wdev, total, [*inputs_before_range, 0, total, *outputs])
-        return
-    with _cpu_pool_lock:
-        if _cpu_pool is None or _cpu_pool._max_workers < threads:
-            _cpu_pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="robot_sdf_warp")
-        pool = _cpu_pool
-    chunk = (total + threads - 1) // threads
-    futures = [
-        pool.submit(
-            wp.launch, kernel, dim=min(chunk, total - start),
-            inputs=[*inputs_before_range, start, total], outputs=outputs, device=wdev,
-        )
-        for start in range(0, total, chunk)
-    ]
-    for f in futures:
-        f.result()
-
-
-# Warp's launch descriptor type, taken from its public API (the class itself is not exported).
-_array_t = type(wp.from_torch(torch.zeros(1), return_ctype=True))
-
-
-def _as_warp(t: torch.Tensor, dtype=None):
-    """Launch descriptor (Warp's array_t) of a tensor whose dtype already matches the kernel's.
-
-    Built directly from the pointer, shape and strides: wp.from_torch(return_ctype=True) computes
-    the same structure with several times the Python work. ``dtype`` a Warp vector type (vec3,
-    vec4): the last dimension must be its length and contiguous, and is folded into the element.
-    """
-    shape = t.shape
-    size = t.element_size()
-    strides = t.stride()
-    if dtype is not None and hasattr(dtype, "_length_"):
-        length = dtype._length_
-        if shape[-1] != length or strides[-1] != 1:
-            raise ValueError(f"cannot view a tensor of shape {tuple(shape)} and strides {strides} as {dtype.__name__}")
-        shape, strides = shape[:-1], strides[:-1]
-        if not shape:
-            shape, strides = (1,), (length,)
-    return _array_t(t.data_ptr(), 0, len(shape), shape, [x * size for x in strides])
-
-
-def _owning(t: torch.Tensor, dtype=None):
-    """Descriptor of a tensor made for this call only (a converted copy): the descriptor keeps it
-    alive until the launch has used it (a descriptor alone holds just the address)."""
-    desc = _as_warp(t, dtype)
-    desc.owner = t
-    return desc
-
-
-def _flat(t: torch.Tensor, element_bytes: int):
-    """Descriptor of a contiguous tensor as a 1-D array of elements of ``element_bytes`` bytes
-    (e.g. 16 for vec4 over (..., 4) float32): the cheapest form, for per-call buffers."""
-    return _array_t(t.data_ptr(), 0, 1, (t.numel() * t.element_size() // element_bytes,), (element_bytes,))
-
 
 # Descriptors of tensors that callers keep across calls (a snapshot's tensors, cached scalar
 # constants), keyed by the tensors' identities. An entry holds the tensors themselves, so an id is
@@ -429,8 +119,8 @@ def _scalar(t, device: torch.device) -> torch.Tensor:
 def _scalar_warp(t, device: torch.device):
     """Descriptor of a (1,) float32 scalar tensor on ``device`` (cached for tensors kept by the caller)."""
     if isinstance(t, torch.Tensor) and t.device == device and t.dtype == torch.float32 and t.dim() == 1:
-        return _cached(("scalar", id(t)), (t,), lambda: _as_warp(t))
-    return _owning(_scalar(t, device))
+        return _cached(("scalar", id(t)), (t,), lambda: descriptor(t))
+    return owning_descriptor(_scalar(t, device))
 
 
 def _ready(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -472,14 +162,14 @@ def _slot_bvh_arguments(sign_method, mesh_idx: torch.Tensor, mesh_pose_inverse: 
         sign_method = snap.sign_methods if snap.sign_methods is not None else snap.sign_method
         ids = snap.slot_bvh() if snap.mesh_idx is mesh_idx and snap.mesh_pose_inverse is mesh_pose_inverse else None
         if ids is not None and ids.device == device and ids.shape[0] == mesh_idx.shape[0] + 1:
-            return sign_method, _cached(("slot_bvh", id(ids)), (ids,), lambda: _as_warp(ids))
+            return sign_method, _cached(("slot_bvh", id(ids)), (ids,), lambda: descriptor(ids))
     entry = _no_slot_bvh.get(device)
     if entry is None:
         from robot_sdf.slot_index import placeholder_bvh
 
         bvh = placeholder_bvh(warp_device(device))
         ids = torch.tensor([np.uint64(bvh.id).astype(np.int64)], dtype=torch.int64, device=device)
-        entry = _no_slot_bvh.setdefault(device, (ids, bvh, _as_warp(ids)))
+        entry = _no_slot_bvh.setdefault(device, (ids, bvh, descriptor(ids)))
     return sign_method, entry[2]
 
 
@@ -504,7 +194,7 @@ def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device) -
     if unused is None:
         with _internals.plain_tensors():
             unused = _no_slot_sign.setdefault(device, torch.zeros((1, 1), dtype=torch.uint8, device=device))
-    return int(method), _cached(("no_sign", id(unused)), (unused,), lambda: _as_warp(unused))
+    return int(method), _cached(("no_sign", id(unused)), (unused,), lambda: descriptor(unused))
 
 
 def _check_call_wide_winding(mesh_idx: torch.Tensor) -> None:
@@ -534,7 +224,7 @@ def _checked_slot_signs(signs: torch.Tensor, mesh_idx: torch.Tensor):
     wanted = host == int(SignMethod.WINDING_NUMBER)
     if wanted.any():
         _check_winding_support(mesh_idx.detach().cpu().numpy().astype(np.uint64)[wanted])
-    return _owning(signs)
+    return owning_descriptor(signs)
 
 
 def _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device) -> tuple:
@@ -573,7 +263,7 @@ def _world_descriptors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, dev
              _ready(mesh_enable, device, torch.uint8), _ready(n_env_mesh.reshape(-1), device, torch.int32))
     # Owning descriptors: an entry that is not kept (see _validator) must still keep converted
     # copies alive until the launch.
-    return tuple(map(_owning, ready)), ready
+    return tuple(map(owning_descriptor, ready)), ready
 
 
 def _env_tensor(env_query_idx, batch: int, device: torch.device) -> tuple[torch.Tensor, int]:
@@ -594,8 +284,8 @@ def _env_tensor(env_query_idx, batch: int, device: torch.device) -> tuple[torch.
 def _env_descriptor(env: torch.Tensor, use: int):
     """Launch descriptor of _env_tensor's tensor (cached for the unused one)."""
     if not use:
-        return _cached(("no_env", id(env)), (env,), lambda: _as_warp(env))
-    return _owning(env)
+        return _cached(("no_env", id(env)), (env,), lambda: descriptor(env))
+    return owning_descriptor(env)
 
 
 def _env_query(env_query_idx, batch: int, device: torch.device):
@@ -726,7 +416,7 @@ class _Outputs:
         self.sparsity = sp if sp.is_contiguous() else sp.contiguous()
 
     def warp_arrays(self) -> list:
-        return [_flat(self.cost, 4), _flat(self.grad, 16), _flat(self.sparsity, 1)]
+        return [flat_descriptor(self.cost, 4), flat_descriptor(self.grad, 16), flat_descriptor(self.sparsity, 1)]
 
     def finish(self) -> None:
         if not self._copies:
@@ -784,7 +474,7 @@ def _sphere_cost_into(query_spheres, cost, grad, sparsity, b, h, n, weight, acti
     constants = _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
                                     n_env_mesh, sign_method, device)
     total = b * h * n
-    call = _cpu_call(kernels.sphere_cost_kernel, device, total)
+    call = direct_cpu_call(kernels.sphere_cost_kernel, device, total)
     if call is not None:
         # Small CPU launches: the per-call tensors go straight into the recorded argument struct.
         call.set_constants(_SPHERE_COST_CONSTANT_POSITIONS, constants)
@@ -793,9 +483,9 @@ def _sphere_cost_into(query_spheres, cost, grad, sparsity, b, h, n, weight, acti
                         (use_env, h * n, int(bool(compute_esdf)), int(bool(compute_grad)), 0, total))
         call.run()
         return
-    inputs = [_flat(spheres_data, 16), *constants[:7], _env_descriptor(env, use_env), use_env, h * n, *constants[7:],
+    inputs = [flat_descriptor(spheres_data, 16), *constants[:7], _env_descriptor(env, use_env), use_env, h * n, *constants[7:],
               int(bool(compute_esdf)), int(bool(compute_grad))]
-    _launch(kernels.sphere_cost_kernel, total, inputs, [_flat(cost, 4), _flat(grad, 16), _flat(sparsity, 1)], device)
+    launch_kernel(kernels.sphere_cost_kernel, total, inputs, [flat_descriptor(cost, 4), flat_descriptor(grad, 16), flat_descriptor(sparsity, 1)], device)
 
 
 # sphere_cost_kernel's argument positions by kind, for the direct CPU call.
@@ -817,7 +507,7 @@ class SweptPartials:
         self.own, self.to_prev, self.to_next = self.buffer.unbind(0)
 
     def warp_arrays(self) -> list:
-        return [_as_warp(x.view(-1, 3), dtype=wp.vec3) for x in (self.own, self.to_prev, self.to_next)]
+        return [descriptor(x.view(-1, 3), dtype=wp.vec3) for x in (self.own, self.to_prev, self.to_next)]
 
 
 def swept_chain_rule(own: torch.Tensor, to_prev: torch.Tensor, to_next: torch.Tensor,
@@ -860,7 +550,7 @@ def launch_swept_sphere_cost(
     outs = _Outputs(out_cost, out_grad, sparsity_idx, (b, h, n), device)
     # Keep the contiguous tensor referenced until the launch: a descriptor holds only its address.
     spheres_data = query_spheres.detach().contiguous()
-    spheres = _flat(spheres_data, 16)
+    spheres = flat_descriptor(spheres_data, 16)
     env_arr, use_env = _env_query(env_query_idx, b, device)
     sign_method, slot_bvh = _slot_bvh_arguments(sign_method, mesh_idx, mesh_pose_inverse, device)
     world, _, code, slot_signs = _world_arguments(sign_method, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
@@ -876,9 +566,9 @@ def launch_swept_sphere_cost(
         h, n, int(sweep_steps), int(bool(enable_speed_metric)), code, slot_signs,
         slot_bvh, int(bool(compute_grad)), int(out_evaluations is not None),
     ]
-    outputs = [_as_warp(outs.cost.view(-1)), _as_warp(outs.sparsity.view(-1)), *partials.warp_arrays(),
-               _as_warp(evaluations.view(-1))]
-    _launch(kernels.swept_sphere_cost_kernel, b * h * n, inputs, outputs, device)
+    outputs = [descriptor(outs.cost.view(-1)), descriptor(outs.sparsity.view(-1)), *partials.warp_arrays(),
+               descriptor(evaluations.view(-1))]
+    launch_kernel(kernels.swept_sphere_cost_kernel, b * h * n, inputs, outputs, device)
     if compute_grad:
         outs.grad[..., :3] = swept_chain_rule(partials.own, partials.to_prev, partials.to_next)
         outs.grad[..., 3] = 0.0
@@ -915,9 +605,9 @@ def launch_sphere_hessian(query_spheres, weight, activation_distance, mesh_idx, 
     constants = _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
                                     n_env_mesh, sign_method, device)
     hessian = torch.empty(b, h, n, 3, 3, dtype=torch.float32, device=device)
-    inputs = [_flat(spheres_data, 16), *constants[:7], _env_descriptor(env, use_env), use_env, h * n, *constants[7:10],
+    inputs = [flat_descriptor(spheres_data, 16), *constants[:7], _env_descriptor(env, use_env), use_env, h * n, *constants[7:10],
               int(bool(compute_esdf))]
-    _launch(kernels.sphere_hessian_kernel, b * h * n, inputs, [_flat(hessian, 36)], device)
+    launch_kernel(kernels.sphere_hessian_kernel, b * h * n, inputs, [flat_descriptor(hessian, 36)], device)
     return hessian
 
 

@@ -23,7 +23,8 @@ import warp as wp
 from robot_sdf import cost, geometry, mesh_analysis
 from robot_sdf.slot_index import SlotIndex
 from robot_sdf.types import POSE_INVERSE_SIZE, SignMethod, WorldSnapshot
-from robot_sdf.warp_primitives import init_warp, register_mesh, unregister_mesh, warp_device
+from robot_sdf.launch import init_warp, warp_device
+from robot_sdf.warp_primitives import register_mesh, unregister_mesh
 
 _log = logging.getLogger("robot_sdf.world")
 

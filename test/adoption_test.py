@@ -16,7 +16,9 @@ import reference as ref
 from conftest import build_warp_env, warp_mesh
 from robot_sdf import adopt_meshes, adoption, mesh_analysis
 from robot_sdf.types import SignMethod
-from robot_sdf.warp_primitives import SdfMeshWarpPy, SweptSdfMeshWarpPy, warp_device
+from robot_sdf import launch
+from robot_sdf.launch import warp_device
+from robot_sdf.warp_primitives import SdfMeshWarpPy, SweptSdfMeshWarpPy
 
 ETA = 0.02
 MAX_DIST = 0.1
@@ -489,7 +491,7 @@ def test_twins_live_as_long_as_the_adopted_meshes(device):
     wpr._last_set = None  # (not monkeypatch: it would keep the old value to restore)
     wpr._constant_sets.clear()
     wpr._descriptor_cache.clear()
-    wpr._launches.by_kernel.clear()  # this thread's recorded launches hold their last arguments
+    launch._launches.by_kernel.clear()  # this thread's recorded launches hold their last arguments
     gc.collect()
     assert all(s() is None for s in shells)
 

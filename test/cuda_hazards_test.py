@@ -18,7 +18,7 @@ import warp as wp
 
 import reference as ref
 from conftest import CUDA_USABLE
-from robot_sdf import MeshWorld, warp_primitives, world as world_module
+from robot_sdf import MeshWorld, launch, world as world_module
 
 pytestmark = pytest.mark.skipif(not CUDA_USABLE, reason="no CUDA device visible to both torch and Warp")
 DEVICE = "cuda:0"
@@ -108,4 +108,4 @@ def test_stream_cache_is_bounded_across_threads():
     for t in threads:
         t.join()
     assert not errors, errors[0]
-    assert len(warp_primitives._streams) <= warp_primitives.STREAM_CACHE_SIZE
+    assert len(launch._streams) <= launch.STREAM_CACHE_SIZE

@@ -1,8 +1,8 @@
 """Code paths that only CUDA takes in production, run on the CPU where they can be.
 
-- Warp's recorded launch with its packed parameter list (warp_primitives._replay's generic
+- Warp's recorded launch with its packed parameter list (robot_sdf.launch._replay's generic
   branch): every CUDA launch re-uses one, rewriting array descriptors and scalars in place; CPU
-  launches normally bypass it (_CpuCall). warp_primitives.CPU_DIRECT_CALLS = False sends CPU
+  launches normally bypass it (_CpuCall). robot_sdf.launch.CPU_DIRECT_CALLS = False sends CPU
   launches through it.
 - Rows of an unknown environment: on the GPU, robot_sdf.cost does not check env_index on the
   host (that would cost a device sync per call); the kernels give such rows cost 0, gradient 0
@@ -19,7 +19,7 @@ import torch
 
 import reference as ref
 from conftest import build_warp_env
-from robot_sdf import warp_primitives
+from robot_sdf import launch
 from swept_test import run_swept
 from warp_primitives_test import COST_ATOL, ETA, MAX_DIST, np_, random_spheres, run_cost, scene_meshes
 
@@ -27,9 +27,9 @@ from warp_primitives_test import COST_ATOL, ETA, MAX_DIST, np_, random_spheres, 
 @pytest.fixture
 def generic_launches(monkeypatch):
     """CPU launches through Warp's recorded launch (the CUDA path), with a fresh launch cache."""
-    monkeypatch.setattr(warp_primitives, "CPU_DIRECT_CALLS", False)
-    monkeypatch.setattr(warp_primitives, "_launches", warp_primitives._Launches())
-    return warp_primitives._launches
+    monkeypatch.setattr(launch, "CPU_DIRECT_CALLS", False)
+    monkeypatch.setattr(launch, "_launches", launch._Launches())
+    return launch._launches
 
 
 def test_recorded_launch_path_rewrites_arguments_between_calls(generic_launches):

@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for stale in (SUMMARY_NAME, LOG_NAME, NPZ_NAME, "keyframes.png", "clearance.png"):
         (args.out / stale).unlink(missing_ok=True)
-    from robot_sdf.warp_primitives import init_warp
+    from robot_sdf.launch import init_warp
 
     init_warp()
     say(f"robot_sdf arm demo: Franka Panda, {config.samples} warm-start samples + {config.adam_steps} Adam steps "

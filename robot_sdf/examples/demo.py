@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"robot_sdf demo: MPPI ({config.rollouts} rollouts x {config.horizon} steps, "
         f"{config.gradient_steps} gradient step(s)) from {scenario.start[:2].tolist()} to "
         f"{scenario.goal.tolist()}; output in {args.out}/")
-    from robot_sdf.warp_primitives import init_warp
+    from robot_sdf.launch import init_warp
 
     init_warp()  # any Warp notice (e.g. "no CUDA driver") shows up here, not amid the progress lines
     if args.in_process:

@@ -1,0 +1,90 @@
+"""robot_sdf.launch: every way a kernel is launched on the CPU gives the same results, bit for bit,
+and the reference's.
+
+- one serial launch on the calling thread (direct call of the recorded launch's kernel hook);
+- a large batch split into chunks run from the thread pool (each pool thread replays its own
+  recorded launch);
+- Warp's public ``wp.launch`` for everything (what robot_sdf falls back to on a Warp version
+  whose private Launch objects it has not checked: _internals.WARP_SHORTCUTS off).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import reference as ref
+from conftest import build_warp_env
+from robot_sdf import _internals, launch
+from swept_test import run_swept
+from warp_primitives_test import COST_ATOL, ETA, MAX_DIST, np_, random_spheres, run_cost, scene_meshes
+
+# Above 2 * launch._CPU_MIN_SPHERES_PER_THREAD: split into chunks when two threads are allowed.
+BATCH = (2, 5, 520)
+
+
+def _evaluate(spheres: np.ndarray, wenv) -> tuple:
+    _, cost, grad, sparsity = run_cost(spheres, wenv, "cpu")
+    _, swept, swept_grad, _ = run_swept(spheres, wenv, "cpu", 2)
+    return tuple(t.detach().numpy().copy() for t in (cost, grad, sparsity, swept, swept_grad))
+
+
+@pytest.fixture
+def fresh_launches(monkeypatch):
+    monkeypatch.setattr(launch, "_launches", launch._Launches())
+
+
+def test_serial_chunked_and_public_launches_agree(monkeypatch, fresh_launches):
+    rng = np.random.default_rng(5)
+    meshes = scene_meshes(7)
+    wenv = build_warp_env([meshes], "cpu")
+    spheres = random_spheres(rng, BATCH, meshes)
+    assert np.prod(BATCH) >= 2 * launch._CPU_MIN_SPHERES_PER_THREAD
+
+    chunks = []
+    real_replay = launch._replay
+    monkeypatch.setattr(launch, "_replay", lambda kernel, wdev, total, args, stream=None:
+                        chunks.append(total) or real_replay(kernel, wdev, total, args, stream))
+    monkeypatch.setenv("ROBOT_SDF_CPU_THREADS", "1")
+    serial = _evaluate(spheres, wenv)
+    assert chunks and all(c == np.prod(BATCH) for c in chunks)
+
+    chunks.clear()
+    monkeypatch.setenv("ROBOT_SDF_CPU_THREADS", "2")
+    chunked = _evaluate(spheres, wenv)
+    assert chunks and all(c < np.prod(BATCH) for c in chunks)  # the pool ran chunks
+
+    monkeypatch.setattr(_internals, "WARP_SHORTCUTS", False)
+    public = _evaluate(spheres, wenv)
+
+    for a, b, c in zip(serial, chunked, public):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+    c_ref, _ = ref.sphere_cost(spheres, [meshes], ETA, 1.0, MAX_DIST)
+    np.testing.assert_allclose(serial[0], c_ref, atol=COST_ATOL, rtol=1e-4)
+    assert np.sum(serial[0] > 0) >= 100
+
+
+def test_pool_threads_keep_launches_of_their_own(monkeypatch, fresh_launches):
+    """A recorded launch holds its packed arguments: the pool's threads never share one."""
+    import threading
+
+    rng = np.random.default_rng(6)
+    meshes = scene_meshes(8)
+    wenv = build_warp_env([meshes], "cpu")
+    spheres = random_spheres(rng, BATCH, meshes)
+    seen: dict[int, set] = {}
+    real_replay = launch._replay
+
+    def replay(kernel, wdev, total, args, stream=None):
+        real_replay(kernel, wdev, total, args, stream)
+        seen.setdefault(threading.get_ident(), set()).update(id(e[0]) for e in launch._launches.by_kernel.values())
+
+    monkeypatch.setattr(launch, "_replay", replay)
+    monkeypatch.setenv("ROBOT_SDF_CPU_THREADS", "2")
+    _, cost, _, _ = run_cost(spheres, wenv, "cpu")
+    assert np.isfinite(np_(cost)).all()
+    records = list(seen.values())
+    assert len(records) >= 2
+    for i in range(len(records)):
+        for j in range(i + 1, len(records)):
+            assert not records[i] & records[j]
