@@ -3,27 +3,9 @@
 Everything here runs once per geometry when it is added (numpy, float64, plus one Warp kernel
 for self-intersections), never per query.
 
-Sign data: robot_sdf stores per-mesh data next to the BVH in the Warp mesh's ``velocities``
-array (Warp only reads it in ``mesh_eval_velocity``, which robot_sdf never calls), so a kernel
-that holds nothing but the mesh id can reach it. Layout, for V vertices, T triangles and K rim
-chunks (below), with B = V + 3T + 3K::
-
-    [0, V)          angle-weighted pseudo-normal of each vertex (unit; zero if unused)
-    [V, V + 3T)     pseudo-normal of edge k of triangle f at V + 3 f + k; edge k joins corners
-                    k and (k + 1) % 3 (sum of the normals of every triangle on that edge)
-    V + 3T + 3c     lower corner of the box of rim chunk c (kernel frame), c < K
-    V + 3T + 3c + 1 upper corner
-    V + 3T + 3c + 2 (length of the chunk's rim edges, each times its multiplicity, 0, 0)
-    B               lower corner of the mesh's axis-aligned bounding box (kernel frame)
-    B + 1           upper corner
-    B + 2           (SIGN_DATA_MAGIC, winding-number support 0/1, the mesh's own sign method)
-    B + 3           (winding radius, 1 if the bounding box bounds the winding-number inside,
-                     1 if the mesh has slivers: closest points are then re-searched in float64)
-    B + 4           (total area A, 1 if MeshWorld classified the mesh (auto, or normal asked
-                     for) as the boundary of a solid: closed, consistently oriented shells
-                     without self-intersections, one or several (classify's ``solid``; not on a
-                     refit); the kernels then use the pseudo-normal sign for `normal` and
-                     `winding_number` alike (equal there), K)
+Sign data: the per-mesh rows robot_sdf keeps next to the BVH in each Warp mesh's ``velocities``
+array (pseudo-normals, rim chunks, box, flags), written here (sign_data, SignDataWriter) and read
+by the kernels. Its layout, constants and accessors have one home: robot_sdf.kernels.sign_data.
 
 Rim: the welded edges whose uses in one direction and the other do not cancel (the boundary of an
 open surface; flipped and non-manifold edges too), each with that net multiplicity. Off the
@@ -55,16 +37,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import warp as wp
 
-from robot_sdf import kernels
+from robot_sdf.kernels.sign_data import (RIM_CHUNKS, RIM_LENGTH, RIM_LOWER, RIM_ROWS_PER_CHUNK, RIM_UPPER,
+                                         ROW_AREA, ROW_BOUNDS, ROW_BOX_LOWER, ROW_BOX_UPPER, ROW_MARKER,
+                                         SIGN_DATA_EXTRA, SIGN_DATA_MAGIC, sign_data_offset)
 from robot_sdf.types import SignMethod
 
 # Build-time analysis differentiates nothing: no adjoint kernels (half the compile).
 wp.set_module_options({"enable_backward": False})
 
-SIGN_DATA_MAGIC = 7.0e5  # an exact float32 that no velocity array of an ordinary mesh holds there
-SIGN_DATA_EXTRA = 5  # entries after the vertex and edge normals and the rim chunks
-RIM_CHUNKS = 16  # at most: boxes whose distances bound the winding number's gradient
-RIM_ROWS_PER_CHUNK = wp.constant(3)
 # Longest edge / height above which a triangle is a sliver: Warp's float32 closest-point search
 # may then pick a triangle up to ~1e-4 m farther than the closest one.
 SLIVER_ASPECT = 20.0
@@ -160,7 +140,7 @@ class SignTopology:
 
     @property
     def rows(self) -> int:
-        """Rows of the sign data: V + 3T + 3K + 5 (module docstring)."""
+        """Rows of the sign data: V + 3T + 3K + 5 (robot_sdf.kernels.sign_data)."""
         return (self.welded.shape[0] + 3 * self.triangles.shape[0] + RIM_ROWS_PER_CHUNK * self.rim_chunks
                 + SIGN_DATA_EXTRA)
 
@@ -344,9 +324,10 @@ def write_rim_chunk(
         lower = wp.min(lower, wp.min(a, b))
         upper = wp.max(upper, wp.max(a, b))
         length += wp.float64(rim_multiplicity[i]) * wp.length(wp.vec3d(b) - wp.vec3d(a))
-    out[first + 3 * c] = lower
-    out[first + 3 * c + 1] = upper
-    out[first + 3 * c + 2] = wp.vec3(wp.float32(length * wp.float64(1.000001)), 0.0, 0.0)
+    row = first + RIM_ROWS_PER_CHUNK * c
+    out[row + RIM_LOWER] = lower
+    out[row + RIM_UPPER] = upper
+    out[row + RIM_LENGTH] = wp.vec3(wp.float32(length * wp.float64(1.000001)), 0.0, 0.0)
 
 
 @wp.func
@@ -361,7 +342,8 @@ def write_sign_extras(
     out: wp.array(dtype=wp.vec3),
     radii: wp.array(dtype=wp.float64),
 ):
-    """The five rows after the rim chunks (module docstring); radii = (bounding radius, winding radius)."""
+    """The SIGN_DATA_EXTRA rows after the rim chunks (robot_sdf.kernels.sign_data), from ``first``;
+    radii = (bounding radius, winding radius)."""
     area = wp.float64(0.5) * stats[STAT_AREA2]
     radius = wp.sqrt(stats[STAT_RADIUS2])
     # Beyond the winding radius (from the kernel-frame origin) the winding number is below 0.5.
@@ -369,11 +351,12 @@ def write_sign_extras(
     slivers = float(0.0)
     if stats[STAT_SLIVERS] > wp.float64(0.0):
         slivers = 1.0
-    out[first] = wp.vec3(box[0], box[1], box[2])
-    out[first + 1] = wp.vec3(box[3], box[4], box[5])
-    out[first + 2] = wp.vec3(SIGN_DATA_MAGIC, winding_support, method)
-    out[first + 3] = wp.vec3(wp.float32(winding_radius), closed, slivers)
-    out[first + 4] = wp.vec3(wp.float32(area), 0.0, float(rim_chunks))
+    out[first + ROW_BOX_LOWER] = wp.vec3(box[0], box[1], box[2])
+    out[first + ROW_BOX_UPPER] = wp.vec3(box[3], box[4], box[5])
+    out[first + ROW_MARKER] = wp.vec3(SIGN_DATA_MAGIC, winding_support, method)
+    out[first + ROW_BOUNDS] = wp.vec3(wp.float32(winding_radius), closed, slivers)
+    # The solid flag (column 1) is set afterwards by whoever classified the mesh (world, adoption).
+    out[first + ROW_AREA] = wp.vec3(wp.float32(area), 0.0, float(rim_chunks))
     radii[0] = radius
     radii[1] = winding_radius
 
@@ -556,7 +539,7 @@ class SignDataWriter:
 
 def sign_data(vertices: np.ndarray, triangles: np.ndarray, winding_number: bool, method: SignMethod,
               welded: np.ndarray | None = None, topology: SignTopology | None = None) -> np.ndarray:
-    """The (V + 3T + 3K + 5, 3) float32 array described in the module docstring, for vertices given
+    """The (V + 3T + 3K + 5, 3) float32 array of robot_sdf.kernels.sign_data, for vertices given
     in the kernel frame (computed on the CPU). ``topology``: sign_topology(triangles, welded),
     when already known.
 
@@ -866,7 +849,7 @@ def mesh_layout_kernel(ids: wp.array(dtype=wp.uint64), layout: wp.array2d(dtype=
     m = wp.mesh_get(ids[i])
     layout[i, 0] = wp.int64(m.points.shape[0])
     layout[i, 1] = wp.int64(m.indices.shape[0])
-    layout[i, 2] = wp.int64(kernels.sign_data_offset(ids[i]))
+    layout[i, 2] = wp.int64(sign_data_offset(ids[i]))
 
 
 @wp.kernel

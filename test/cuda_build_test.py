@@ -10,6 +10,7 @@ Per-kernel registers, spills and occupancy: bench/cuda_resources.py, docs/histor
 """
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 
@@ -40,10 +41,14 @@ def built():
 
 def test_every_kernel_module_is_found():
     grep = _grep_kernel_modules()
-    # The two modules with kernels today, so that the search itself cannot come back empty.
-    assert {"robot_sdf.kernels", "robot_sdf.mesh_analysis"} <= grep
+    # Modules with kernels today, so that the search itself cannot come back empty.
+    assert {"robot_sdf.kernels.plain_cost", "robot_sdf.kernels.swept", "robot_sdf.mesh_analysis"} <= grep
     assert set(cuda_build.kernel_module_names()) >= grep
-    assert {m.name for m in cuda_build.kernel_modules()} >= grep
+    # Their kernels' Warp modules are built (the kernels package's kernels share one, robot_sdf.kernels).
+    warp_modules = {k.module.name for name in grep for k in vars(importlib.import_module(name)).values()
+                    if isinstance(k, wp.Kernel)}
+    assert {"robot_sdf.kernels", "robot_sdf.mesh_analysis"} <= warp_modules
+    assert {m.name for m in cuda_build.kernel_modules()} >= warp_modules
 
 
 @pytest.mark.parametrize("arch", cuda_build.ARCHS)
@@ -61,7 +66,7 @@ def test_kernel_modules_compile_to_cubin(built, arch):
 
 
 def test_kernel_modules_generate_no_adjoints(built):
-    """Gradients are analytic (kernels.py) or not needed (build-time mesh analysis): no module
+    """Gradients are analytic (robot_sdf.kernels) or not needed (build-time mesh analysis): no module
     generates Warp's adjoint kernels, which would double the compile and the cubin."""
     modules, paths = built
     for module in modules:

@@ -13,7 +13,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "robot_sdf"
-CORE_MODULES = ("robot_sdf", "robot_sdf.kernels", "robot_sdf.warp_primitives", "robot_sdf.world",
+# The kernels package, in its dependency order: a module imports only modules before it.
+KERNEL_MODULES = ("robot_sdf.kernels.sign_data", "robot_sdf.kernels.native", "robot_sdf.kernels.closest_point",
+                  "robot_sdf.kernels.winding", "robot_sdf.kernels.signed_distance", "robot_sdf.kernels.slot_walk",
+                  "robot_sdf.kernels.plain_cost", "robot_sdf.kernels.swept_slot", "robot_sdf.kernels.swept",
+                  "robot_sdf.kernels.hessian")
+CORE_MODULES = ("robot_sdf", "robot_sdf.kernels", *KERNEL_MODULES, "robot_sdf.warp_primitives", "robot_sdf.world",
                 "robot_sdf.cost", "robot_sdf.geometry", "robot_sdf.io", "robot_sdf.scene",
                 "robot_sdf.types", "robot_sdf.robot", "robot_sdf.tools.fit_spheres",
                 "robot_sdf.ros")  # robot_sdf.ros itself imports nothing
@@ -90,14 +95,19 @@ def test_mesh_validation_lives_in_geometry():
 
 
 def _discovered_core_modules() -> list[str]:
-    """Every module of the core as it is on disk: robot_sdf/*.py (the ROS layer, the examples and
-    the tools are subpackages), so a module added later is covered without editing a list."""
-    return sorted("robot_sdf" if p.name == "__init__.py" else f"robot_sdf.{p.stem}" for p in PACKAGE.glob("*.py"))
+    """Every module of the core as it is on disk: robot_sdf/*.py and the kernels package (the ROS
+    layer, the examples and the tools are other subpackages), so a module added later is covered
+    without editing a list."""
+    core = ["robot_sdf" if p.name == "__init__.py" else f"robot_sdf.{p.stem}" for p in PACKAGE.glob("*.py")]
+    kernels = ["robot_sdf.kernels" if p.name == "__init__.py" else f"robot_sdf.kernels.{p.stem}"
+               for p in (PACKAGE / "kernels").glob("*.py")]
+    return sorted(core + kernels)
 
 
 def test_every_core_module_imports_no_ros_module():
     modules = _discovered_core_modules()
-    assert {"robot_sdf", "robot_sdf.world", "robot_sdf.warp_primitives"} <= set(modules)  # the discovery found the core
+    # the discovery found the core and the kernels
+    assert {"robot_sdf", "robot_sdf.world", "robot_sdf.warp_primitives", "robot_sdf.kernels.native"} <= set(modules)
     code = ("import importlib, json, sys\n"
             f"for m in {modules!r}: importlib.import_module(m)\n"
             "print(json.dumps(sorted(sys.modules)))\n")
@@ -110,3 +120,17 @@ def test_every_core_module_imports_no_ros_module():
     assert set(modules) <= set(loaded)
     ros = [m for m in loaded if _is_ros_module(m)]
     assert ros == [], f"core modules loaded ROS modules: {ros}"
+
+
+def test_kernel_modules_are_listed_in_dependency_order():
+    """KERNEL_MODULES names every module of the kernels package, and each imports robot_sdf
+    modules listed before it only (no cycle, the reading order of the package's docstring)."""
+    on_disk = {f"robot_sdf.kernels.{p.stem}" for p in (PACKAGE / "kernels").glob("*.py") if p.name != "__init__.py"}
+    assert set(KERNEL_MODULES) == on_disk
+    for i, name in enumerate(KERNEL_MODULES):
+        imported = {n for n in _imports(PACKAGE / "kernels" / f"{name.rsplit('.', 1)[1]}.py")
+                    if n.startswith("robot_sdf.")}
+        used = {n for n in imported if n in KERNEL_MODULES or not n.startswith("robot_sdf.kernels.")}
+        later = sorted(n for n in used if n not in KERNEL_MODULES[:i])
+        assert not later, f"{name} imports {later}, not listed before it"
+

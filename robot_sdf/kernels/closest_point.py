@@ -1,0 +1,169 @@
+"""Exact closest point on a mesh, once Warp's float32 BVH search has found a triangle.
+
+The distance and its direction are recomputed in float64 on that triangle, relative to its first
+corner (refine_closest), so that slivers keep their accuracy; on a mesh whose sign data flags
+slivers the triangles that could be nearer are re-searched (closest_feature). The feature holding
+the closest point (face, edge or corner) gives the angle-weighted pseudo-normal of the ``normal``
+sign (feature_normal, from the sign data). Points are in the mesh (kernel) frame, lengths in m.
+"""
+from __future__ import annotations
+
+import warp as wp
+
+from robot_sdf.kernels.sign_data import edge_normal, has_slivers, vertex_normal
+
+wp.set_module_options({"enable_backward": False})
+
+# Search radius for the closest point of a centre known to be inside a mesh: unbounded in practice.
+UNBOUNDED = wp.constant(1.0e9)
+# Below this length the direction centre - closest point is meaningless; use the feature normal.
+DEGENERATE_LENGTH = wp.constant(1.0e-9)
+# On meshes with slivers, inside points and points closer than this (m) re-search the closest
+# triangle in float64.
+SLIVER_REACH = wp.constant(0.02)
+# Largest excess distance (m) of the triangle Warp's float32 search picks on a sliver mesh over
+# the closest one: farther out the float64 re-search looks near the point found only.
+SLIVER_PICK_ERROR = wp.constant(1.0e-4)
+
+
+@wp.func
+def closest_on_segment(p: wp.vec3d, a: wp.vec3d, b: wp.vec3d) -> wp.vec3d:
+    ab = b - a
+    len2 = wp.dot(ab, ab)
+    t = wp.float64(0.0)
+    if len2 > wp.float64(0.0):
+        t = wp.clamp(wp.dot(p - a, ab) / len2, wp.float64(0.0), wp.float64(1.0))
+    return a + ab * t
+
+
+@wp.func
+def closest_on_triangle(p: wp.vec3d, b: wp.vec3d, c: wp.vec3d):
+    """Closest point of p on the triangle (0, b, c) (coordinates relative to its first corner)
+    and the feature holding it: 0 face, 1 edge 0-b, 2 edge b-c, 3 edge c-0, 4/5/6 corner 0/b/c.
+    Ericson's region test, in float64 so that slivers keep their accuracy."""
+    zero = wp.float64(0.0)
+    d1 = wp.dot(b, p)
+    d2 = wp.dot(c, p)
+    if d1 <= zero and d2 <= zero:
+        return wp.vec3d(zero, zero, zero), 4
+    bp = p - b
+    d3 = wp.dot(b, bp)
+    d4 = wp.dot(c, bp)
+    if d3 >= zero and d4 <= d3:
+        return b, 5
+    vc = d1 * d4 - d3 * d2
+    if vc <= zero and d1 >= zero and d3 <= zero:
+        return b * (d1 / (d1 - d3)), 1
+    cp = p - c
+    d5 = wp.dot(b, cp)
+    d6 = wp.dot(c, cp)
+    if d6 >= zero and d5 <= d6:
+        return c, 6
+    vb = d5 * d2 - d1 * d6
+    if vb <= zero and d2 >= zero and d6 <= zero:
+        return c * (d2 / (d2 - d6)), 3
+    va = d3 * d6 - d5 * d4
+    if va <= zero and (d4 - d3) >= zero and (d5 - d6) >= zero:
+        return b + (c - b) * ((d4 - d3) / ((d4 - d3) + (d5 - d6))), 2
+    denom = va + vb + vc
+    if denom <= zero:
+        # Zero-area triangle: its closest point lies on one of its edges.
+        best = closest_on_segment(p, wp.vec3d(zero, zero, zero), b)
+        feature = int(1)
+        e2 = closest_on_segment(p, b, c)
+        if wp.length_sq(p - e2) < wp.length_sq(p - best):
+            best = e2
+            feature = 2
+        e3 = closest_on_segment(p, c, wp.vec3d(zero, zero, zero))
+        if wp.length_sq(p - e3) < wp.length_sq(p - best):
+            best = e3
+            feature = 3
+        return best, feature
+    return b * (vb / denom) + c * (vc / denom), 0
+
+
+@wp.func
+def refine_closest(mesh: wp.uint64, p: wp.vec3, face: int):
+    """p - closest point on triangle ``face`` (float32 vector of a float64 difference), its length,
+    the feature holding the closest point and the face's unit normal."""
+    m = wp.mesh_get(mesh)
+    a = wp.vec3d(m.points[m.indices[face * 3 + 0]])
+    b = wp.vec3d(m.points[m.indices[face * 3 + 1]]) - a
+    c = wp.vec3d(m.points[m.indices[face * 3 + 2]]) - a
+    q = wp.vec3d(p) - a
+    closest, feature = closest_on_triangle(q, b, c)
+    delta = q - closest
+    normal = wp.cross(b, c)
+    area2 = wp.length(normal)
+    face_n = wp.vec3(0.0, 0.0, 0.0)
+    if area2 > wp.float64(0.0):
+        face_n = wp.vec3(normal / area2)
+    return wp.vec3(delta), float(wp.length(delta)), feature, face_n
+
+
+@wp.func
+def feature_normal(mesh: wp.uint64, face: int, feature: int, face_n: wp.vec3) -> wp.vec3:
+    """Angle-weighted pseudo-normal of a closest feature (refine_closest's feature; the mesh must
+    carry sign data); ``face_n`` is the face's unit normal."""
+    if feature == 0:
+        return face_n
+    if feature <= 3:
+        return edge_normal(mesh, face, feature - 1)
+    return vertex_normal(mesh, wp.mesh_get(mesh).indices[face * 3 + feature - 4])
+
+
+@wp.func
+def closest_feature(mesh: wp.uint64, p: wp.vec3, face: int, inside: float, data: int, pseudo: bool):
+    """Exact closest point of p on the mesh given the triangle Warp's float32 search found:
+    (p - closest point, its length, inside < 0 (recomputed from the pseudo-normal when
+    ``pseudo``), outward direction for a point on the surface). ``data``: the mesh's
+    sign_data_offset (-1 without sign data: no re-search)."""
+    delta, dist, feature, face_n = refine_closest(mesh, p, face)
+    outward = face_n
+    if pseudo:
+        outward = feature_normal(mesh, face, feature, face_n)
+        inside = wp.where(wp.dot(delta, outward) < 0.0, -1.0, 1.0)
+    if data >= 0:
+        if has_slivers(mesh, data):
+            # Slivers: Warp's float32 search may have picked a triangle farther than the closest
+            # one; every triangle nearer than the one found overlaps this box. Outside and
+            # farther than SLIVER_REACH that box would hold too many triangles for a free-space
+            # query (inside points pay anyway): there the box is centred on the point found, as
+            # wide as the surface can be from it while at most SLIVER_PICK_ERROR nearer to p
+            # (sqrt(2 dist e) + e on a plane; the closest point of a point that is not near a
+            # tie of distant features lies there).
+            box_centre = p
+            half = dist + 1.0e-6
+            if dist >= SLIVER_REACH and inside >= 0.0:
+                box_centre = p - delta
+                half = wp.sqrt(2.0 * dist * SLIVER_PICK_ERROR) + SLIVER_PICK_ERROR
+            reach = wp.vec3(half, half, half)
+            query = wp.mesh_query_aabb(mesh, box_centre - reach, box_centre + reach)
+            other = int(0)
+            improved = bool(False)
+            while wp.mesh_query_aabb_next(query, other):
+                if other != face:
+                    d2, l2, f2, n2 = refine_closest(mesh, p, other)
+                    if l2 < dist:
+                        delta = d2
+                        dist = l2
+                        feature = f2
+                        face_n = n2
+                        face = other
+                        improved = True
+            if improved:
+                outward = face_n
+                if pseudo:
+                    outward = feature_normal(mesh, face, feature, face_n)
+                    inside = wp.where(wp.dot(delta, outward) < 0.0, -1.0, 1.0)
+    return delta, dist, inside, outward
+
+
+@wp.func
+def signed_result(delta: wp.vec3, dist: float, inside: float, outward: wp.vec3):
+    """(sd, d sd / d p) of a closest point: sd < 0 inside; on the surface the outward direction."""
+    sign = wp.where(inside < 0.0, -1.0, 1.0)
+    grad = outward
+    if dist > DEGENERATE_LENGTH:
+        grad = delta * (sign / dist)
+    return sign * dist, grad

@@ -1,0 +1,230 @@
+"""The swept cost (docs/design.md "Swept cost"): one thread per sphere and step of a trajectory.
+
+Each step pays the time-average of the sphere's cost over its slot of the trajectory, mesh after
+mesh of its environment (swept_slot: swept_slot_cost, or open_swept_slot_cost for moving steps on
+meshes whose sign is not a closed surface's), plus the optional CHOMP speed metric. The kernel
+writes every output element it owns; gradients are analytic.
+
+Layout (flattened from the torch tensors of docs/design.md "Tensor layouts"; the world's tensors
+as slot_walk's docstring describes them):
+    spheres      (N,) vec4    x, y, z, radius in the world frame (m); N = b * h * n, step-major
+                              within a batch row: sphere j of step t at (row * h + t) * n + j
+    sign_method, slot_sign    as in plain_cost's kernel
+    env_query    (B,) int32   environment per batch row (read only when use_env_query != 0)
+Scalars that live in tensors (weight, activation distance, max distance, dt) are read in-kernel
+from 1-element arrays so that no host-device synchronisation is needed.
+"""
+from __future__ import annotations
+
+import warp as wp
+
+from robot_sdf.kernels.signed_distance import REACH_MARGIN, REACH_SLACK
+from robot_sdf.kernels.slot_walk import env_slots, query_env, slot_at, slot_sign_method
+from robot_sdf.kernels.swept_slot import open_swept_sign, open_swept_slot_cost, swept_slot_cost
+
+wp.set_module_options({"enable_backward": False})
+
+# Below this speed (m/s) the speed metric leaves a step's cost and gradient as they are.
+MIN_SPEED = wp.constant(1.0e-3)
+
+
+@wp.func
+def mask_count(mask: int) -> int:
+    """Number of samples in a side's evaluation mask (bits 0..30 set)."""
+    count = int(0)
+    for bit in range(31):
+        if ((mask >> bit) & 1) != 0:
+            count += 1
+    return count
+
+
+@wp.kernel(launch_bounds=256, module="robot_sdf.kernels")  # the package's one Warp module (see there)
+def swept_sphere_cost_kernel(
+    spheres: wp.array(dtype=wp.vec4),
+    weight: wp.array(dtype=wp.float32),
+    activation_distance: wp.array(dtype=wp.float32),
+    max_distance: wp.array(dtype=wp.float32),
+    speed_dt: wp.array(dtype=wp.float32),
+    mesh_idx: wp.array2d(dtype=wp.int64),
+    pose_inv: wp.array3d(dtype=wp.float32),
+    mesh_enable: wp.array2d(dtype=wp.uint8),
+    n_env_mesh: wp.array(dtype=wp.int32),
+    env_query: wp.array(dtype=wp.int32),
+    use_env_query: int,
+    horizon: int,
+    spheres_per_step: int,
+    sweep_steps: int,
+    enable_speed_metric: int,
+    sign_method: int,
+    slot_sign: wp.array2d(dtype=wp.uint8),
+    slot_bvh: wp.array(dtype=wp.uint64),
+    compute_grad: int,
+    count_evaluations: int,
+    start: int,
+    total: int,
+    out_cost: wp.array(dtype=wp.float32),
+    out_sparsity: wp.array(dtype=wp.uint8),
+    out_own: wp.array(dtype=wp.vec3),
+    out_to_prev: wp.array(dtype=wp.vec3),
+    out_to_next: wp.array(dtype=wp.vec3),
+    out_evaluations: wp.array(dtype=wp.int32),
+):
+    """Swept cost of step t of each sphere's trajectory (docs/design.md "Swept cost") and its partials.
+
+    cost_t = weight * time-average of the sphere's cost over its slot [mid(t-1, t), p[t],
+    mid(t, t+1)], sampled at p[t] and at s_k = k / (2K) of each existing side's segment
+    (K = sweep_steps), with the fixed weights of swept_sample_weight. A side exists when the
+    neighbour step exists and its sphere is on (radius >= 0). A sample is skipped (cost 0) only
+    when its cost is provably 0, mesh by mesh (swept_slot_cost): the signed distance to a mesh is
+    1-Lipschitz, so a sample within a mesh's clearance of an evaluated point of the same side
+    is not penetrated by that mesh.
+
+    Outputs per sphere (world frame, all scaled by weight; written only when compute_grad):
+    out_own = d cost_t / d p[t], out_to_prev = d cost_t / d p[t-1], out_to_next =
+    d cost_t / d p[t+1]; a sample at fraction s with weight w and cost gradient g adds
+    w (1 - s) g to p[t] and w s g to the neighbour. With the speed metric applied to a step,
+    its whole (CHOMP) gradient goes to out_own and both neighbour partials are 0.
+    out_evaluations (when count_evaluations): points of the sphere's slot searched for at least
+    one mesh (p[t] and the samples not skipped for every mesh).
+    """
+    tid = wp.tid() + start
+    if tid >= total:
+        return
+    s = spheres[tid]
+    p = wp.vec3(s[0], s[1], s[2])
+    radius = s[3]
+    eta = activation_distance[0]
+    max_dist = max_distance[0]
+    step = (tid / spheres_per_step) % horizon
+    env = query_env(tid, spheres_per_step * horizon, use_env_query, env_query, n_env_mesh.shape[0])
+    cost = float(0.0)
+    own = wp.vec3(0.0, 0.0, 0.0)
+    to_prev = wp.vec3(0.0, 0.0, 0.0)
+    to_next = wp.vec3(0.0, 0.0, 0.0)
+    evaluations = int(0)
+    if radius >= 0.0 and env >= 0:
+        has_prev = int(0)
+        has_next = int(0)
+        if sweep_steps > 0:
+            if step > 0 and spheres[tid - spheres_per_step][3] >= 0.0:
+                has_prev = 1
+            if step < horizon - 1 and spheres[tid + spheres_per_step][3] >= 0.0:
+                has_next = 1
+        n_sides = has_prev + has_next
+        # The cost only needs surfaces within r + eta; a larger search bound only buys clearance,
+        # and clearance beyond the farthest sample (half way to a neighbour) frees nothing. So
+        # the search reaches max_dist only where a neighbour is that far, which makes queries
+        # near surfaces much cheaper. A stationary or isolated step keeps the plain bound, so
+        # it reproduces the plain cost bit for bit.
+        reach0 = float(0.0)
+        for side in range(2):
+            if (side == 0 and has_prev == 1) or (side == 1 and has_next == 1):
+                sn = spheres[tid + (2 * side - 1) * spheres_per_step]
+                reach0 = wp.max(reach0, 0.5 * wp.length(wp.vec3(sn[0], sn[1], sn[2]) - p))
+        bound0 = max_dist
+        if reach0 > 0.0:
+            bound0 = wp.min(max_dist, reach0 * REACH_MARGIN + REACH_SLACK)
+        c0 = float(0.0)
+        g0 = wp.vec3(0.0, 0.0, 0.0)
+        delta = float(0.0)
+        mask_prev = int(0)
+        mask_next = int(0)
+        prev = wp.vec3(0.0, 0.0, 0.0)
+        nxt = wp.vec3(0.0, 0.0, 0.0)
+        if has_prev == 1:
+            sp = spheres[tid - spheres_per_step]
+            prev = wp.vec3(sp[0], sp[1], sp[2])
+        if has_next == 1:
+            sq = spheres[tid + spheres_per_step]
+            nxt = wp.vec3(sq[0], sq[1], sq[2])
+        # Mesh after mesh (the slot loop of sphere_world_cost), each mesh with all the samples
+        # of the step: a sample is skipped per mesh, and the samples of a side share traversals.
+        # Slots within reach of any sample of the step (p, the samples up to half way to each
+        # neighbour, each searched within max_dist + r + eta at most): through the environment's
+        # slot BVH where it has one (swept_slot_cost's own early-out then sees the same slots as
+        # the plain loop would let through), else slot after slot. Meshes whose sign is not that
+        # of a closed surface search every point to max_dist + r + eta (swept_slot_cost).
+        half_len = 0.5 * wp.max(float(has_prev) * wp.length(prev - p), float(has_next) * wp.length(nxt - p))
+        # As swept_slot_cost's batched test: a stationary step keeps the plain query of p.
+        moving = n_sides > 0 and half_len > 0.0
+        slot_reach = max_dist + radius + eta + half_len
+        slots = env_slots(env, p, slot_reach, mesh_idx, n_env_mesh, slot_bvh)
+        for i in range(slots.iterations):
+            slot, q, p_mesh = slot_at(slots, i, env, p, mesh_idx, pose_inv, mesh_enable)
+            if slot < 0:
+                continue
+            mesh = wp.uint64(mesh_idx[env, slot])
+            slot_method = slot_sign_method(sign_method, slot_sign, env, slot)
+            seg_prev = wp.quat_rotate(q, prev - p)
+            seg_next = wp.quat_rotate(q, nxt - p)
+            c_i = float(0.0)
+            g_i = wp.vec3(0.0, 0.0, 0.0)
+            delta_i = float(0.0)
+            own_i = wp.vec3(0.0, 0.0, 0.0)
+            prev_i = wp.vec3(0.0, 0.0, 0.0)
+            next_i = wp.vec3(0.0, 0.0, 0.0)
+            m_prev = int(0)
+            m_next = int(0)
+            if moving and open_swept_sign(mesh, slot_method):
+                c_i, g_i, delta_i, own_i, prev_i, next_i, m_prev, m_next = open_swept_slot_cost(
+                    mesh, pose_inv[env, slot, 7], slot_method, p_mesh, seg_prev, seg_next, has_prev,
+                    has_next, radius, eta, max_dist, sweep_steps, n_sides,
+                )
+            else:
+                c_i, g_i, delta_i, own_i, prev_i, next_i, m_prev, m_next = swept_slot_cost(
+                    mesh, pose_inv[env, slot, 7], slot_method, p_mesh, seg_prev, seg_next, has_prev,
+                    has_next, radius, eta, max_dist, bound0, sweep_steps, n_sides,
+                )
+            c0 += c_i
+            g0 += wp.quat_rotate_inv(q, g_i)
+            delta += delta_i
+            own += wp.quat_rotate_inv(q, own_i)
+            to_prev += wp.quat_rotate_inv(q, prev_i)
+            to_next += wp.quat_rotate_inv(q, next_i)
+            mask_prev = mask_prev | m_prev
+            mask_next = mask_next | m_next
+        if count_evaluations != 0:
+            evaluations = 1 + mask_count(mask_prev) + mask_count(mask_next)
+        cost = c0
+        if n_sides > 0:
+            # own holds the samples' partials; p[t] itself weighs 1 / (2K). cost = c0 + sum_k
+            # w_k (c_k - c0): equal to sum_k w_k c_k (weights sum to 1), and exactly c0 when
+            # every sample sits on p[t] (a stationary trajectory).
+            own += g0 * (1.0 / (2.0 * float(sweep_steps)))
+            cost = wp.max(c0 + delta, 0.0)
+        else:
+            own = g0
+        w = weight[0]
+        cost = cost * w
+        own = own * w
+        to_prev = to_prev * w
+        to_next = to_next * w
+        if enable_speed_metric != 0 and cost > 0.0 and step > 0 and step < horizon - 1:
+            sp = spheres[tid - spheres_per_step]
+            sq = spheres[tid + spheres_per_step]
+            prev = wp.vec3(sp[0], sp[1], sp[2])
+            nxt = wp.vec3(sq[0], sq[1], sq[2])
+            dt = speed_dt[0]
+            vel = (nxt - prev) / (2.0 * dt)
+            speed = wp.length(vel)
+            if speed > MIN_SPEED:
+                # CHOMP's functional gradient of the step's cost: its gradient for a common
+                # translation of the slot (own + both partials), projected, applied to p[t] only.
+                grad = own + to_prev + to_next
+                acc = (prev + nxt - 2.0 * p) / (dt * dt)
+                v_hat = vel / speed
+                kappa = acc / (speed * speed)
+                proj_grad = grad - v_hat * wp.dot(v_hat, grad)
+                proj_kappa = kappa - v_hat * wp.dot(v_hat, kappa)
+                own = (proj_grad - proj_kappa * cost) * speed
+                to_prev = wp.vec3(0.0, 0.0, 0.0)
+                to_next = wp.vec3(0.0, 0.0, 0.0)
+                cost = cost * speed
+    out_cost[tid] = cost
+    out_sparsity[tid] = wp.where(cost > 0.0, wp.uint8(1), wp.uint8(0))
+    if compute_grad != 0:
+        out_own[tid] = own
+        out_to_prev[tid] = to_prev
+        out_to_next[tid] = to_next
+    if count_evaluations != 0:
+        out_evaluations[tid] = evaluations

@@ -1,0 +1,161 @@
+"""Inside tests by the generalised winding number, and the bounds that spare evaluating it.
+
+Warp's fast winding number (native.winding_number) is evaluated in tiers: a coarse accuracy first,
+whose verdict stands where it is clear of the 1/2 threshold by its margin, then Warp's default
+accuracy, which always decides (winding_inside, winding_clearance; batched_winding_inside for the
+points of one swept step in shared traversals). Far from a surface the bounds of the sign data
+decide without evaluating it (open_winding_outside), and along a swept step the rim chunks bound
+how fast the exact winding number can change (rim_slope, rim_settled_lanes: the rim shortcut,
+docs/sign_methods.md "Swept samples on open surfaces"). Points are mesh-frame, lengths in m.
+"""
+from __future__ import annotations
+
+import warp as wp
+
+from robot_sdf.kernels.closest_point import UNBOUNDED
+from robot_sdf.kernels.native import mesh_winding_numbers, winding_number
+from robot_sdf.kernels.sign_data import (box_lower, box_upper, rim_chunk_count, rim_chunk_length, rim_chunk_lower,
+                                         rim_chunk_row, rim_chunk_upper, surface_area, winding_radius)
+
+wp.set_module_options({"enable_backward": False})
+
+# Warp's default accuracy of the fast winding number and the inside threshold of its sign.
+WINDING_ACCURACY = wp.constant(2.0)
+WINDING_THRESHOLD = wp.constant(0.5)
+# The inside test (winding_inside) evaluates the winding number at a coarse accuracy first and
+# settles the sign there where it is clear of the threshold by its margin; the rest take Warp's
+# default accuracy, so the sign is Warp's own wherever the coarse accuracy stays within its margin
+# of it. Measured over 3 M points in, around and near every hard-mesh corpus mesh and the
+# perception scan of bench/core_bench.py (docs/sign_methods.md; test/sign_test.py checks half the
+# margin): accuracy 1.25 differed from 2.0 by at most 0.084 (sliver box; capsule 0.083, perception
+# scan 0.070; margin 0.25, a factor of 3). Accuracy 1.0 is no option: it differed by up to 0.78.
+# Per evaluation 1.25 costs about 60 % of 1.5 near a surface and 70 % in free space around the
+# perception scan, where every free-space sphere within the winding radius pays one. A middle tier
+# (1.5, margin 0.15) was dropped: it settled too few of the points that 1.25 left (on the scan 1.15
+# of 3.71 per swept sphere) to pay for itself; without it MeshWorld auto on the scan is 6-7 %
+# faster and no corpus mesh slower (docs/history/benchmarks.md).
+COARSEST_WINDING_ACCURACY = wp.constant(1.25)
+COARSEST_WINDING_SETTLED = wp.constant(0.25)
+# Bound on |Warp's winding number at WINDING_ACCURACY - the exact one| that the swept samples'
+# shortcut counts twice (docs/sign_methods.md). Measured over the test corpus and the perception
+# scan: at most 0.0047 (far-field expansion) farther from the surface than 0.1 % of the mesh's
+# size, where sign_test keeps it below half this; closer, float32 rounding of the nearest
+# triangles' solid angles reaches 0.022 (arm_link_fine, 60 um), below the 2x this that keeps the
+# shortcut's verdict the exact winding number's (sign_test: below 1.5x).
+WINDING_APPROXIMATION_ERROR = wp.constant(0.02)
+
+
+@wp.func
+def winding_verdict(w: float, margin: float) -> int:
+    """What a winding number at a tier with ``margin`` says: 1 inside, 0 outside, -1 undecided
+    (within the margin of the threshold; the last tier, margin 0, always decides)."""
+    if w < WINDING_THRESHOLD - margin:
+        return 0
+    if w > WINDING_THRESHOLD + margin:
+        return 1
+    if margin == 0.0:
+        return 0
+    return -1
+
+
+@wp.func
+def winding_clearance(mesh: wp.uint64, p: wp.vec3):
+    """(winding_inside(mesh, p), c): c > 0 bounds how far Warp's winding number of p at
+    WINDING_ACCURACY is from WINDING_THRESHOLD (a coarse tier's value gives its own distance less
+    the tier's margin)."""
+    # One loop over the tiers, so that Warp's traversal is inlined once (not once per tier) into
+    # the large CPU kernels; the last tier has no margin and always decides.
+    accuracy = COARSEST_WINDING_ACCURACY
+    margin = COARSEST_WINDING_SETTLED
+    while True:
+        w = winding_number(mesh, p, accuracy)
+        verdict = winding_verdict(w, margin)
+        if verdict >= 0:
+            return verdict == 1, wp.abs(w - WINDING_THRESHOLD) - margin
+        accuracy = WINDING_ACCURACY
+        margin = 0.0
+    return False, 0.0
+
+
+@wp.func
+def winding_inside(mesh: wp.uint64, p: wp.vec3) -> bool:
+    """Warp's winding-number sign (inside above WINDING_THRESHOLD at WINDING_ACCURACY), from the
+    coarsest evaluation that is clear of the threshold by its margin."""
+    inside, clearance = winding_clearance(mesh, p)
+    return inside
+
+
+@wp.func
+def batched_winding_inside(mesh: wp.uint64, p: wp.vec3, seg_prev: wp.vec3, seg_next: wp.vec3, ds: float,
+                           n_prev: int, n_next: int, lanes: int) -> int:
+    """winding_inside of the points of mesh_closest_points' first traversal of a step (p, then
+    n_prev samples towards the previous step, n_next towards the next, s = ds, 2 ds, ...) whose
+    bit is set in ``lanes``: bit j set where point j is inside. The same tiers as winding_inside,
+    each tier one traversal for the points it has not settled."""
+    inside = int(0)
+    pending = lanes
+    accuracy = COARSEST_WINDING_ACCURACY
+    margin = COARSEST_WINDING_SETTLED
+    while pending != 0:
+        w = mesh_winding_numbers(mesh, p, seg_prev, ds, n_prev, seg_next, ds, n_next, ds, accuracy, pending)
+        for j in range(16):
+            bit = 1 << j
+            if (pending & bit) != 0:
+                verdict = winding_verdict(w[j], margin)
+                if verdict >= 0:
+                    pending = pending ^ bit
+                    if verdict == 1:
+                        inside = inside | bit
+        accuracy = WINDING_ACCURACY
+        margin = 0.0
+    return inside
+
+
+@wp.func
+def open_winding_outside(mesh: wp.uint64, data: int, p: wp.vec3, searched: float) -> bool:
+    """Whether mesh-frame p, with no surface of the mesh within ``searched``, is outside by the
+    bounds of the exact winding number of a surface that is not closed (its winding number may
+    pass 0.5 outside its box): beyond the winding radius, or |w| <= A / (4 pi d^2) < 1/2 with d
+    the distance to the surface, at least ``searched`` and at least the distance to the box."""
+    if wp.length(p) > winding_radius(mesh, data):
+        return True
+    gap = wp.length(wp.max(wp.max(box_lower(mesh, data) - p, p - box_upper(mesh, data)), wp.vec3(0.0, 0.0, 0.0)))
+    far = wp.max(searched, gap)
+    return surface_area(mesh, data) < 2.0 * wp.pi * far * far
+
+
+@wp.func
+def rim_slope(mesh: wp.uint64, data: int, p: wp.vec3, reach: float) -> float:
+    """A bound on |grad w| of the exact winding number everywhere within ``reach`` of mesh-frame
+    p off the surface (robot_sdf.mesh_analysis module docstring, "Rim"): (1/4 pi) sum over the rim
+    chunks of length / (box distance - reach)^2; UNBOUNDED where a chunk's box comes within reach."""
+    total = float(0.0)
+    for c in range(rim_chunk_count(mesh, data)):
+        row = rim_chunk_row(mesh, data, c)
+        gap = wp.length(wp.max(wp.max(rim_chunk_lower(mesh, row) - p, p - rim_chunk_upper(mesh, row)),
+                               wp.vec3(0.0, 0.0, 0.0))) - reach
+        if gap <= 0.0:
+            return UNBOUNDED
+        total += rim_chunk_length(mesh, row) / (gap * gap)
+    # float32 rounding of the sum and the distances: far below the margin.
+    return total * (1.0001 / (4.0 * wp.pi))
+
+
+@wp.func
+def rim_settled_lanes(n_prev: int, n_next: int, len_prev: float, len_next: float, inv_2k: float, apart: float,
+                      slope_prev: float, slope_next: float, clearance: float) -> int:
+    """Lanes of mesh_closest_points' first traversal of a step (p, n_prev samples at distances
+    k inv_2k len_prev, k = 1.., then n_next at k inv_2k len_next) whose inside test Warp's winding
+    number decides as it decides p's (docs/sign_methods.md, "Swept samples on open surfaces"): the
+    segment from p meets no surface (shorter than ``apart``), and along it the exact winding number
+    moves less than p's ``clearance`` (rim_slope of each side's half length, times the distance)
+    less twice WINDING_APPROXIMATION_ERROR."""
+    lanes = int(0)
+    for j in range(1, 16):
+        if j <= n_prev + n_next:
+            on_prev = j <= n_prev
+            reach = float(wp.where(on_prev, j, j - n_prev)) * inv_2k * wp.where(on_prev, len_prev, len_next)
+            if reach < apart and reach * wp.where(on_prev, slope_prev, slope_next) \
+                    + 2.0 * WINDING_APPROXIMATION_ERROR < clearance:
+                lanes = lanes | (1 << j)
+    return lanes
