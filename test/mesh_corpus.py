@@ -149,6 +149,14 @@ def open_cup():
     return ref.open_box((0.2, 0.2, 0.2))
 
 
+def open_bowl():
+    """An icosphere (r = 0.15 m) without its cap: points deep in the bowl have a winding number
+    above 0.5, reached from outside through the opening without crossing the surface."""
+    v, t = ref.icosphere(0.15, 2)
+    keep = v[t].mean(axis=1)[:, 2] < 0.09
+    return v, t[keep]
+
+
 def flipped_faces():
     """A closed box with two of its twelve triangles wound the wrong way (the solid: the box)."""
     v, t = ref.box((0.2, 0.2, 0.2))

@@ -8,12 +8,10 @@ import numpy as np
 import pytest
 import torch
 import trimesh
-import warp as wp
 
 import mesh_corpus as corpus
 import reference as ref
-from bench import scenes
-from robot_sdf import MeshWorld, SignMethod, kernels
+from robot_sdf import MeshWorld, SignMethod
 from robot_sdf.io import sphere_mesh
 from robot_sdf.warp_primitives import SdfMeshWarpPy
 
@@ -354,95 +352,6 @@ def test_world_frame_mesh_is_recentred(device):
     want = ref.signed_distance(pts, v.astype(np.float32), t)[0]
     want = np.where(want < 0.05, want, 0.05)
     assert np.max(np.abs(d - want)) < 1e-5
-
-
-# ------------------------------------------------------------ coarse winding number (kernels.py)
-@wp.kernel
-def _coarse_and_fine_winding(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), accuracy: float,
-                             coarse: wp.array(dtype=float), fine: wp.array(dtype=float)):
-    i = wp.tid()
-    coarse[i] = kernels.winding_number(mesh, pts[i], accuracy)
-    fine[i] = kernels.winding_number(mesh, pts[i], kernels.WINDING_ACCURACY)
-
-
-def _warp_winding_numbers(v: np.ndarray, t, pts: np.ndarray, accuracy: float):
-    """A CPU wp.Mesh of (v, t) with winding-number support, and Warp's winding numbers of pts
-    (N,3) at ``accuracy`` and at WINDING_ACCURACY: (mesh, coarse (N,), fine (N,))."""
-    mesh = wp.Mesh(points=wp.array(v, dtype=wp.vec3, device="cpu"),
-                   indices=wp.array(np.asarray(t, np.int32).reshape(-1), dtype=wp.int32, device="cpu"),
-                   support_winding_number=True)
-    coarse = wp.zeros(len(pts), dtype=float, device="cpu")
-    fine = wp.zeros(len(pts), dtype=float, device="cpu")
-    wp.launch(_coarse_and_fine_winding, len(pts), [mesh.id, wp.array(pts, dtype=wp.vec3, device="cpu"), float(accuracy),
-                                                    coarse, fine], device="cpu")
-    return mesh, coarse.numpy(), fine.numpy()
-
-
-@wp.kernel
-def _surface_distance(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), distance: wp.array(dtype=float)):
-    i = wp.tid()
-    q = wp.mesh_query_point_no_sign(mesh, pts[i], 1.0e6)
-    distance[i] = wp.length(pts[i] - wp.mesh_eval_position(mesh, q.face, q.u, q.v))
-
-
-@pytest.mark.parametrize("case", corpus.CORPUS, ids=lambda c: c.name)
-def test_coarse_winding_number_within_margin(case):
-    """The inside test decides from the winding number at COARSEST_WINDING_ACCURACY unless it lies
-    within COARSEST_WINDING_SETTLED of 0.5 (then at Warp's default accuracy); that keeps Warp's own
-    sign only while the coarse accuracy differs from Warp's default by less than its margin.
-    Checked with room to spare (half the margin) on points in, around and near every corpus mesh."""
-    accuracy, margin = kernels.COARSEST_WINDING_ACCURACY, kernels.COARSEST_WINDING_SETTLED
-
-    v, t = case.build()
-    v = np.asarray(v, np.float32)
-    rng = np.random.default_rng(5)
-    tri = v[np.asarray(t)]
-    near = tri.mean(1) + rng.normal(scale=0.01 * float(np.ptp(v, 0).max()), size=tri.shape[:1] + (3,))
-    pts = np.concatenate([corpus.sample_points(v, 4000), near[:4000]]).astype(np.float32)
-    _, coarse, fine = _warp_winding_numbers(v, t, pts, accuracy)
-    gap = np.abs(coarse - fine)
-    assert gap.max() < 0.5 * margin, (case.name, float(gap.max()))
-
-
-def _perception_scan():
-    m = scenes.perception_mesh()
-    return m.vertices, m.triangles
-
-
-# Fewer points on the large meshes: the numpy winding number costs points x triangles.
-_APPROXIMATION_CASES = [(c.name, c.build, 1000 if c.name == "sliver_box" else 2000) for c in corpus.CORPUS] \
-    + [("perception_scan", _perception_scan, 400)]
-
-
-@pytest.mark.parametrize("name, build, count", _APPROXIMATION_CASES, ids=[c[0] for c in _APPROXIMATION_CASES])
-def test_warp_winding_number_within_approximation_error(name, build, count):
-    """The swept samples' rim shortcut (docs/sign_methods.md, "Swept samples on open surfaces")
-    counts Warp's error at WINDING_ACCURACY (far-field expansion, float32 solid angles) as at most
-    E = WINDING_APPROXIMATION_ERROR at each end of a step. Checked against the exact winding number
-    (solid angles in numpy, float64) on points in, around and near every corpus mesh and the
-    perception scan: farther from the surface than 0.1 % of the mesh's size, below E / 2 (room to
-    spare); closer (float32 rounding of the nearest triangles' solid angles grows there: 0.022 at
-    60 um on arm_link_fine), below 1.5 E, within the 2 E that keeps the shortcut's verdict the exact
-    winding number's. Points on the surface (where the winding number jumps) are left out."""
-    v, t = build()
-    v = np.asarray(v, np.float32)
-    t = np.asarray(t, np.int64)
-    rng = np.random.default_rng(8)
-    size = float(np.ptp(v, 0).max())
-    centres = v[t].mean(1)
-    near = centres[rng.choice(len(t), count // 2)] + rng.normal(scale=0.01 * size, size=(count // 2, 3))
-    pts = np.concatenate([corpus.sample_points(v, count // 2), near]).astype(np.float32)
-    mesh, _, fine = _warp_winding_numbers(v, t, pts, kernels.WINDING_ACCURACY)
-    error = np.abs(fine - ref.winding_number(pts, v, t))
-    distance = wp.zeros(len(pts), dtype=float, device="cpu")  # Warp's closest point: only a filter
-    wp.launch(_surface_distance, len(pts), [mesh.id, wp.array(pts, dtype=wp.vec3, device="cpu"), distance],
-              device="cpu")
-    distance = distance.numpy()
-    far, off = distance > 1e-3 * size, distance > 1e-6 * size
-    assert far.sum() > 0.9 * len(pts) and off.sum() > 0.98 * len(pts)
-    error_bound = float(kernels.WINDING_APPROXIMATION_ERROR)
-    assert error[far].max() < 0.5 * error_bound, (name, float(error[far].max()))
-    assert error[off].max() < 1.5 * error_bound, (name, float(error[off].max()))
 
 
 # ------------------------------------------------------------------- winding repaired at add
