@@ -110,13 +110,19 @@ def _read_collada(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """Every triangle of every bound primitive in the scene (node transforms applied; polylists
     triangulated as pycollada fans them), in metres (the file's unit), each primitive's own
     vertex array and indices, concatenated."""
+    import warnings
+
     import collada
 
     doc = collada.Collada(str(path), ignore=[collada.common.DaeUnsupportedError, collada.common.DaeBrokenRefError])
     unit = doc.assetInfo.unitmeter or 1.0
     verts, tris, offset = [], [], 0
-    for geometry in doc.scene.objects("geometry"):
-        for prim in geometry.primitives():
+    with warnings.catch_warnings():
+        # pycollada's node transforms are numpy matrices (a PendingDeprecationWarning per node).
+        warnings.simplefilter("ignore", PendingDeprecationWarning)
+        bound = [list(geometry.primitives()) for geometry in doc.scene.objects("geometry")]
+    for primitives in bound:
+        for prim in primitives:
             if isinstance(prim, collada.polylist.BoundPolylist):
                 prim = prim.triangleset()
             if not isinstance(prim, collada.triangleset.BoundTriangleSet) or prim.vertex is None:
