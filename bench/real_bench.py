@@ -96,14 +96,16 @@ class RawRunner(CostRunner):
         return self.spheres_grad.grad
 
 
-def _scene_summary(meshes: list[scenes.SceneMesh], world) -> None:
+def _scene_summary(meshes: list[scenes.SceneMesh], world, adopted) -> None:
+    """Per mesh: what MeshWorld's auto chose and why, and what adoption made of the raw mesh."""
+    regimes = getattr(getattr(adopted, "adopted", None), "regimes", None)
     rows = []
-    for m in meshes:
+    for i, m in enumerate(meshes):
         info = world.mesh_info(m.name)
         auto = info.get("auto", {})
         rows.append([m.name, real_meshes.BY_NAME[m.name].kind, f"{len(m.triangles):,}", info["sign_method"],
-                     auto.get("reason", "")])
-    emit(table(["mesh", "kind", "triangles", "auto", "auto's reason"], rows))
+                     auto.get("reason", ""), "skipped" if regimes is None else str(regimes[0, i])])
+    emit(table(["mesh", "kind", "triangles", "MeshWorld auto", "auto's reason", "adopted as"], rows))
 
 
 def real_mesh_table(b: Bench, sphere_counts: tuple[int, ...] | None = None) -> None:
@@ -117,7 +119,7 @@ def real_mesh_table(b: Bench, sphere_counts: tuple[int, ...] | None = None) -> N
     raw = TensorWorld(meshes, b.device, 0.0)
     adoptable = hasattr(robot_sdf, "adopt_meshes")
     adopted = TensorWorld(meshes, b.device, 0.0, adopt=True) if adoptable else None
-    _scene_summary(meshes, world)
+    _scene_summary(meshes, world, adopted)
     workspace = scenes.scene_box(meshes, scenes.ANYWHERE_MARGIN)
     emit(f"\nPlain: the sphere mix of bench.scenes.mixed_spheres, r = {scenes.SPHERE_RADIUS} m; swept: MPPI-like "
          f"rollouts (bench.scenes.mpc_rollouts through the scene box grown by {scenes.ANYWHERE_MARGIN} m, 1-3 cm "
