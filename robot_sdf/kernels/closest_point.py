@@ -113,17 +113,33 @@ def feature_normal(mesh: wp.uint64, face: int, feature: int, face_n: wp.vec3) ->
 
 
 @wp.func
-def closest_feature(mesh: wp.uint64, p: wp.vec3, face: int, inside: float, data: int, pseudo: bool):
+def triangle_box_distance(mesh: wp.uint64, face: int, p: wp.vec3) -> float:
+    """A lower bound on the distance from p to triangle ``face``: the distance to its bounding box
+    (float32, shrunk by a relative 1e-5 for rounding)."""
+    m = wp.mesh_get(mesh)
+    a = m.points[m.indices[3 * face]]
+    b = m.points[m.indices[3 * face + 1]]
+    c = m.points[m.indices[3 * face + 2]]
+    gap = wp.max(wp.max(wp.min(wp.min(a, b), c) - p, p - wp.max(wp.max(a, b), c)), wp.vec3(0.0, 0.0, 0.0))
+    return wp.length(gap) * (1.0 - 1.0e-5)
+
+
+@wp.func
+def closest_feature(mesh: wp.uint64, p: wp.vec3, face: int, inside: float, data: int, pseudo: bool,
+                    need: float = UNBOUNDED):
     """Exact closest point of p on the mesh given the triangle Warp's float32 search found:
     (p - closest point, its length, inside < 0 (recomputed from the pseudo-normal when
     ``pseudo``), outward direction for a point on the surface). ``data``: the mesh's
-    sign_data_offset (-1 without sign data: no re-search)."""
+    sign_data_offset (-1 without sign data: no re-search). ``need`` (m): an outside result at
+    least this far needs no exact distance (its cost is 0): on a mesh with slivers it is not
+    searched again once the triangle found is SLIVER_PICK_ERROR beyond it (the closest one is
+    then beyond ``need`` as well)."""
     delta, dist, feature, face_n = refine_closest(mesh, p, face)
     outward = face_n
     if pseudo:
         outward = feature_normal(mesh, face, feature, face_n)
         inside = wp.where(wp.dot(delta, outward) < 0.0, -1.0, 1.0)
-    if data >= 0:
+    if data >= 0 and (inside < 0.0 or dist < need + SLIVER_PICK_ERROR):
         if has_slivers(mesh, data):
             # Slivers: Warp's float32 search may have picked a triangle farther than the closest
             # one; every triangle nearer than the one found overlaps this box. Outside and
@@ -142,7 +158,8 @@ def closest_feature(mesh: wp.uint64, p: wp.vec3, face: int, inside: float, data:
             other = int(0)
             improved = bool(False)
             while wp.mesh_query_aabb_next(query, other):
-                if other != face:
+                # The box holds many triangles for a deep point: most are ruled out by their boxes.
+                if other != face and triangle_box_distance(mesh, other, p) < dist:
                     d2, l2, f2, n2 = refine_closest(mesh, p, other)
                     if l2 < dist:
                         delta = d2

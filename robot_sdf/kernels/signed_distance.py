@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warp as wp
 
-from robot_sdf.kernels.closest_point import UNBOUNDED, closest_feature, signed_result
+from robot_sdf.kernels.closest_point import SLIVER_PICK_ERROR, UNBOUNDED, closest_feature, signed_result
 from robot_sdf.kernels.native import mesh_average_edge_length, mesh_box_distance_sq
 from robot_sdf.kernels.sign_data import (SIGN_AUTO, SIGN_DEFAULT, SIGN_NORMAL, SIGN_WINDING_NUMBER, box_lower,
                                          box_upper, has_slivers, is_closed, is_solid, recorded_method,
@@ -148,11 +148,13 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     winding = method == SIGN_WINDING_NUMBER and data >= 0
 
     # Search within need first (see above): a closed shell's pseudo-normal sign is exact, the
-    # winding number does not depend on the search, and without slivers the float64 distance
-    # of what the float32 search found stays within the margin of it.
+    # winding number does not depend on the search, and the float64 distance of what the float32
+    # search found stays within the margin of it, widened on a mesh with slivers by how much
+    # farther than the closest triangle that search may pick one (SLIVER_PICK_ERROR).
     first = bound
-    if data >= 0 and (winding or (pseudo and is_solid(mesh, data))) and not has_slivers(mesh, data):
-        first = wp.min(bound, need * REACH_MARGIN + REACH_SLACK)
+    if data >= 0 and (winding or (pseudo and is_solid(mesh, data))):
+        first = wp.min(bound, need * REACH_MARGIN + REACH_SLACK
+                       + wp.where(has_slivers(mesh, data), SLIVER_PICK_ERROR, 0.0))
 
     inside = float(1.0)
     face = int(0)
@@ -206,7 +208,7 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
         if not hit:
             return found, sd, grad
 
-    delta, dist, inside, outward = closest_feature(mesh, p, face, inside, data, pseudo)
+    delta, dist, inside, outward = closest_feature(mesh, p, face, inside, data, pseudo, need)
     if deep and inside >= 0.0:
         return found, sd, grad
     found = 1
