@@ -1,0 +1,180 @@
+"""robot_sdf.kernels.closest_point against test/reference.py: the float64 closest point on a
+triangle and the feature holding it (random, sliver and zero-area triangles), the float64 distance
+and normal of a mesh face, and on meshes with slivers the re-search that finds the closest triangle
+whatever triangle the float32 search handed it (with the pseudo-normal sign of its feature)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import warp as wp
+
+import mesh_corpus as corpus
+import reference as ref
+from robot_sdf import mesh_analysis
+from robot_sdf.kernels import closest_point
+from robot_sdf.kernels.sign_data import sign_data_offset
+from robot_sdf.types import SignMethod
+
+
+@wp.kernel
+def _triangle_kernel(p: wp.array(dtype=wp.vec3d), a: wp.array(dtype=wp.vec3d), b: wp.array(dtype=wp.vec3d),
+                     c: wp.array(dtype=wp.vec3d), closest: wp.array(dtype=wp.vec3d), feature: wp.array(dtype=wp.int32)):
+    i = wp.tid()
+    q, f = closest_point.closest_on_triangle(p[i] - a[i], b[i] - a[i], c[i] - a[i])
+    closest[i] = a[i] + q
+    feature[i] = f
+
+
+def _triangles(rng: np.random.Generator, n: int):
+    """(p, a, b, c) (n,3) each: random triangles, a quarter of them slivers (300:1) and a tenth of
+    zero area (collinear corners), points around them. Not a corner repeated at the same position:
+    there closest_on_triangle divides 0 by 0 in the first edge's region (NaN), which no caller
+    meets (Warp's searches skip such triangles, and the sliver re-search compares their NaN
+    distance, which never wins)."""
+    a, b, c = (rng.normal(size=(n, 3)) for _ in range(3))
+    sliver = rng.random(n) < 0.25
+    c[sliver] = a[sliver] + (b[sliver] - a[sliver]) * rng.random((sliver.sum(), 1)) \
+        + rng.normal(size=(sliver.sum(), 3)) * np.linalg.norm(b[sliver] - a[sliver], axis=1, keepdims=True) / 300.0
+    flat = rng.random(n) < 0.1
+    c[flat] = a[flat] + (b[flat] - a[flat]) * rng.uniform(-0.5, 1.5, size=(flat.sum(), 1))
+    p = (a + b + c) / 3.0 + rng.normal(scale=1.0, size=(n, 3))
+    return p, a, b, c
+
+
+def _segment_distance(p: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    ab = b - a
+    s = np.clip(np.einsum("ij,ij->i", p - a, ab) / np.maximum(np.einsum("ij,ij->i", ab, ab), 1e-300), 0.0, 1.0)
+    return np.linalg.norm(p - (a + s[:, None] * ab), axis=1)
+
+
+def test_closest_on_triangle_is_the_closest_point_and_names_its_feature():
+    rng = np.random.default_rng(1)
+    n = 20000
+    p, a, b, c = _triangles(rng, n)
+    closest = wp.zeros(n, dtype=wp.vec3d, device="cpu")
+    feature = wp.zeros(n, dtype=wp.int32, device="cpu")
+    arrays = [wp.array(x, dtype=wp.vec3d, device="cpu") for x in (p, a, b, c)]
+    wp.launch(_triangle_kernel, n, [*arrays, closest, feature], device="cpu")
+    closest, feature = closest.numpy(), feature.numpy()
+    got = np.linalg.norm(closest - p, axis=1)
+    want = np.linalg.norm(ref.closest_point_triangles(p[:, None], a[:, None], b[:, None], c[:, None])[:, 0] - p,
+                          axis=1)
+    # Triangles of zero area up to rounding (collinear corners): the truth is the closest of their
+    # edges, which neither Ericson's regions nor the reference's guarded version of them find
+    # (Warp's searches skip such triangles, and in the sliver re-search a triangle only counts
+    # where it is nearer): never nearer than the truth.
+    edges = np.min([_segment_distance(p, e0, e1) for e0, e1 in ((a, b), (b, c), (c, a))], axis=0)
+    flat = np.linalg.norm(np.cross(b - a, c - a), axis=1) <= 1e-9 * np.sum((b - a) ** 2 + (c - a) ** 2, axis=1)
+    assert 0.05 * n < flat.sum() < 0.15 * n
+    assert np.all(got[flat] >= edges[flat] - 1e-12)
+    np.testing.assert_allclose(got[~flat], want[~flat], rtol=1e-9, atol=1e-12)
+    corners = np.stack([a, b, c], 1)
+    for k in range(3):  # corner features 4, 5, 6 are the corners themselves
+        at = feature == 4 + k
+        assert at.sum() > 100
+        np.testing.assert_allclose(closest[at], corners[at, k], rtol=0, atol=1e-12)
+    for k in range(3):  # edge features 1, 2, 3: on the edge from corner k to corner k + 1
+        on = feature == 1 + k
+        assert on.sum() > 100
+        e0, e1 = corners[on, k], corners[on, (k + 1) % 3]
+        s = np.einsum("ij,ij->i", closest[on] - e0, e1 - e0) / np.einsum("ij,ij->i", e1 - e0, e1 - e0)
+        np.testing.assert_allclose(closest[on], e0 + s[:, None] * (e1 - e0), atol=1e-12)
+        assert np.all((s > -1e-12) & (s < 1 + 1e-12))
+    face = (feature == 0) & ~flat
+    assert face.sum() > 1000
+    # In the face: p - closest is along the normal.
+    normal = np.cross(b[face] - a[face], c[face] - a[face])
+    normal /= np.linalg.norm(normal, axis=1, keepdims=True)
+    across = np.linalg.norm(np.cross(p[face] - closest[face], normal), axis=1)
+    assert np.all(across <= 1e-9 * (1.0 + np.linalg.norm(p[face] - closest[face], axis=1)))
+
+
+@wp.kernel
+def _refine_kernel(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), faces: wp.array(dtype=wp.int32),
+                   dist: wp.array(dtype=float), normal: wp.array(dtype=wp.vec3), delta: wp.array(dtype=wp.vec3)):
+    i = wp.tid()
+    d, length, feature, n = closest_point.refine_closest(mesh, pts[i], faces[i])
+    dist[i] = length
+    normal[i] = n
+    delta[i] = d
+
+
+def test_refine_closest_measures_the_given_face_in_float64():
+    """On a 0.6 m x 0.9 mm sliver box, float64 on each face: the distance to that face (not the
+    nearest one) within 1e-6 relative of the reference, its unit normal, delta = p - closest."""
+    v, t = corpus.sliver_box()
+    v = np.asarray(v, np.float32)
+    t = np.asarray(t, np.int64)
+    mesh = wp.Mesh(points=wp.array(v, dtype=wp.vec3, device="cpu"),
+                   indices=wp.array(t.astype(np.int32).ravel(), dtype=wp.int32, device="cpu"))
+    rng = np.random.default_rng(2)
+    n = 4000
+    pts = corpus.sample_points(v, n - 1 - 63, seed=3).astype(np.float32)
+    faces = rng.integers(0, len(t), size=len(pts)).astype(np.int32)
+    outs = [wp.zeros(len(pts), dtype=dt, device="cpu") for dt in (float, wp.vec3, wp.vec3)]
+    wp.launch(_refine_kernel, len(pts), [mesh.id, wp.array(pts, dtype=wp.vec3, device="cpu"),
+                                         wp.array(faces, dtype=wp.int32, device="cpu"), *outs], device="cpu")
+    dist, normal, delta = (o.numpy() for o in outs)
+    tri = v[t[faces]].astype(np.float64)
+    want = ref.closest_point_triangles(pts[:, None].astype(np.float64), tri[:, None, 0], tri[:, None, 1],
+                                       tri[:, None, 2])[:, 0]
+    np.testing.assert_allclose(dist, np.linalg.norm(pts - want, axis=1), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(delta, pts - want, rtol=1e-5, atol=1e-7)
+    n_ref = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
+    np.testing.assert_allclose(normal, n_ref / np.linalg.norm(n_ref, axis=1, keepdims=True), atol=1e-6)
+
+
+@wp.kernel
+def _feature_kernel(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), arbitrary: int, dist: wp.array(dtype=float),
+                    sign: wp.array(dtype=float)):
+    i = wp.tid()
+    p = pts[i]
+    data = sign_data_offset(mesh)
+    face = int(i % 7)  # a triangle the search did not find, with a winding-number caller's verdict
+    inside = float(-1.0)
+    pseudo = bool(False)
+    if arbitrary == 0:  # the triangle Warp's float32 search found, signed by the pseudo-normal
+        q = wp.mesh_query_point_no_sign(mesh, p, 1.0e6)
+        face = q.face
+        inside = 1.0
+        pseudo = True
+    delta, d, inside_out, outward = closest_point.closest_feature(mesh, p, face, inside, data, pseudo)
+    dist[i] = d
+    sign[i] = inside_out
+
+
+@pytest.mark.parametrize("name", ["sliver_box", "arm_link_fine"])
+def test_slivers_are_re_searched_to_the_closest_triangle(name):
+    """With the sign data's sliver flag, the exact distance (1e-6 m) of points inside or within
+    SLIVER_REACH of the surface from the triangle Warp's float32 search found, signed by the
+    pseudo-normal of the closest feature; and of inside points from any triangle at all."""
+    case = next(c for c in corpus.CORPUS if c.name == name)
+    v, t = case.build()
+    v = np.asarray(v, np.float32)
+    t = np.asarray(t, np.int64)
+    rows = mesh_analysis.sign_data(v, t, False, SignMethod.NORMAL)
+    assert rows[-2, 2] == 1.0  # slivers
+    mesh = wp.Mesh(points=wp.array(v, dtype=wp.vec3, device="cpu"),
+                   indices=wp.array(t.astype(np.int32).ravel(), dtype=wp.int32, device="cpu"),
+                   velocities=wp.array(rows, dtype=wp.vec3, device="cpu"))
+    rng = np.random.default_rng(4)
+    tri = v[t]
+    # (The reference's winding number costs points x triangles: 20,600 triangles here.)
+    on_surface = tri[rng.integers(0, len(t), 1200)]
+    w = rng.dirichlet(np.ones(3), size=1200)[:, :, None]
+    near = (on_surface * w).sum(1) + rng.normal(scale=0.006, size=(1200, 3))
+    pts = np.concatenate([near, corpus.sample_points(v, 300)]).astype(np.float32)
+    sd, _, _ = ref.signed_distance(pts, v, t)
+    wanted = (sd < 0.0) | (np.abs(sd) < float(closest_point.SLIVER_REACH))
+    pts, sd = pts[wanted], sd[wanted]
+    assert len(pts) > 1000 and (sd < 0).sum() > 200
+    for arbitrary in (0, 1):
+        dist, sign = (wp.zeros(len(pts), dtype=float, device="cpu") for _ in range(2))
+        wp.launch(_feature_kernel, len(pts), [mesh.id, wp.array(pts, dtype=wp.vec3, device="cpu"), arbitrary,
+                                              dist, sign], device="cpu")
+        dist, sign = dist.numpy(), sign.numpy()
+        chosen = sd < 0 if arbitrary else np.ones(len(sd), bool)
+        np.testing.assert_allclose(dist[chosen], np.abs(sd[chosen]), atol=1e-6)
+        if not arbitrary:
+            clear = np.abs(sd) > 1e-5
+            np.testing.assert_array_equal(sign[clear], np.where(sd[clear] < 0, -1.0, 1.0))
