@@ -120,18 +120,17 @@ def _read_collada(path: Path) -> tuple[np.ndarray, np.ndarray]:
     with warnings.catch_warnings():
         # pycollada's node transforms are numpy matrices (a PendingDeprecationWarning per node).
         warnings.simplefilter("ignore", PendingDeprecationWarning)
-        bound = [list(geometry.primitives()) for geometry in doc.scene.objects("geometry")]
-    for primitives in bound:
-        for prim in primitives:
-            if isinstance(prim, collada.polylist.BoundPolylist):
-                prim = prim.triangleset()
-            if not isinstance(prim, collada.triangleset.BoundTriangleSet) or prim.vertex is None:
-                continue  # lines, points
-            v = np.asarray(prim.vertex, np.float64).reshape(-1, 3)
-            t = np.asarray(prim.vertex_index, np.int64).reshape(-1, 3)
-            verts.append(v)
-            tris.append(t + offset)
-            offset += v.shape[0]
+        for geometry in doc.scene.objects("geometry"):
+            for prim in geometry.primitives():
+                if isinstance(prim, collada.polylist.BoundPolylist):
+                    prim = prim.triangleset()
+                if not isinstance(prim, collada.triangleset.BoundTriangleSet) or prim.vertex is None:
+                    continue  # lines, points
+                v = np.asarray(prim.vertex, np.float64).reshape(-1, 3)
+                t = np.asarray(prim.vertex_index, np.int64).reshape(-1, 3)
+                verts.append(v)
+                tris.append(t + offset)
+                offset += v.shape[0]
     if not tris:
         raise ValueError(f"{path}: no triangles")
     return np.concatenate(verts) * unit, np.concatenate(tris)

@@ -28,6 +28,7 @@ import torch
 import warp as wp
 
 import reference as ref
+import robot_sdf
 from bench import real_meshes
 from robot_sdf import MeshWorld
 from robot_sdf.warp_primitives import SdfMeshWarpPy
@@ -64,11 +65,12 @@ MESHES = ("kr10_link2_visual", "panda_hand_visual", "panda_link5_decimated", "ri
 # them pass, and the mark must then go). Adopted open surfaces keep their raw mesh and Warp's
 # ray-vote sign (robot_sdf.adoption: passthrough), which reads points inside as outside.
 _PASSTHROUGH = "adopted as passthrough (open surface: Warp's own sign): "
-# vx300s_gripper: 11 closed patches inside a surface that is closed only across edges used four
-# times (an 'open' patch to orient_components, so no enclosure is found) are turned outward as a
-# whole (7,828 of 9,000 faces reversed): winding number 0 between them becomes 2, a hollow made solid.
-_REPAIR = ("the orientation repair reverses 11 closed patches enclosed by a surface closed across edges used "
-           "four times (7,828 faces): winding number 0 -> 2 at points outside the mesh as given; ")
+# vx300s_gripper: 11 inward-facing closed patches (holes: negative volume) inside the body's outer
+# patch, which touches edges used four times and so counts as open to orient_components: no
+# enclosure found, the holes are turned outward (7,828 of 9,000 faces reversed), and the winding
+# number 0 in them becomes 2, a hollow made solid.
+_REPAIR = ("the orientation repair turns 11 holes (closed, inward-facing, inside an outer patch that edges used four "
+           "times leave 'open') outward, 7,828 faces: winding number 0 -> 2 there; ")
 KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
     ("signs", "kr10_link2_visual", "adopted"): _PASSTHROUGH + "10 of 149 points 0.26 mm-2 cm inside read outside",
     ("signs", "panda_hand_visual", "adopted"): _PASSTHROUGH + "4 of 150 points 0.4-2.1 mm inside read outside",
@@ -137,10 +139,8 @@ class _Evaluator:
             self.world = None
             mesh = wp.Mesh(points=wp.array(v, dtype=wp.vec3, device="cpu"),
                            indices=wp.array(t.reshape(-1), dtype=wp.int32, device="cpu"), support_winding_number=True)
-            from robot_sdf import adopt_meshes
-
             raw_idx = torch.tensor([[int(np.uint64(mesh.id).astype(np.int64))]], dtype=torch.int64)
-            self.adopted = adopt_meshes(raw_idx)
+            self.adopted = robot_sdf.adopt_meshes(raw_idx)
             self.keep = [mesh]  # the raw mesh outlives its adoption here, as in a cuRobo world
             pose_inv = torch.zeros((1, 1, 8))
             pose_inv[0, 0, 3] = 1.0
@@ -167,7 +167,7 @@ class _Evaluator:
 @lru_cache(maxsize=None)
 def evaluated(name: str, regime: str):
     """(esdf value, esdf gradient, cost, cost gradient, cost at DEEP_MAX_DIST) at case(name)'s points."""
-    if regime == "adopted" and not hasattr(__import__("robot_sdf"), "adopt_meshes"):
+    if regime == "adopted" and not hasattr(robot_sdf, "adopt_meshes"):
         pytest.skip("robot_sdf has no adopt_meshes")
     pts = case(name)[2]
     evaluate = _Evaluator(name, regime)
