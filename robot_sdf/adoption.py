@@ -16,9 +16,10 @@ classified behind the caller's back. Adopted, each mesh's patches are oriented c
 - any other closed surface (nested, touching or overlapping shells, self-intersecting ones:
   every edge used as often in each direction) gets a winding-number twin: the ``winding`` regime,
   as MeshWorld's ``auto`` gives it;
-- a surface that is not closed keeps its raw mesh and Warp's sign (``passthrough``): its winding
-  number is fractional near the surface and costs several times Warp's own query there, so
-  adoption keeps cuRobo's speed for it (its back side reads inside within the search);
+- a surface that is not closed gets a winding-number twin as well (``winding``), as MeshWorld's
+  ``auto`` gives it: Warp's own sign reads its back side inside within the search, and calls
+  points of real CAD meshes with cracks inside or outside wrongly at up to 5 cm (rtb-data's
+  visual meshes, test/real_mesh_test.py); its winding number costs more to evaluate;
 - a mesh that already carries robot_sdf's sign data (MeshWorld built it) is kept as it is.
 
 The twins live as long as the returned AdoptedMeshes does. A mesh rebuilt or refitted elsewhere
@@ -41,7 +42,8 @@ from robot_sdf.launch import warp_device
 
 # Sign methods under which a closed shell is evaluated through its twin (pseudo-normal sign).
 SHELL_TWIN_METHODS = (SignMethod.AUTO, SignMethod.NORMAL)
-# Sign methods under which any other closed surface is evaluated through its winding-number twin.
+# Sign methods under which any other surface, closed or open, is evaluated through its
+# winding-number twin.
 WINDING_TWIN_METHODS = (SignMethod.AUTO,)
 # What adoption made of a slot (AdoptedMeshes.regimes).
 EMPTY, SOLID, WINDING, PASSTHROUGH, OWN = "empty", "solid", "winding", "passthrough", "robot_sdf"
@@ -61,11 +63,10 @@ class Twin:
     ``winding``: any other closed surface (every edge used as often in each direction: nested,
     touching or overlapping shells, self-intersecting ones), whose winding number is an
     integer and 0 outside its box; it gets a winding-number twin at its first use under
-    ``auto`` (``twin_id``). A surface that is not closed (a scan, a sheet, a cup) has neither:
-    its winding number is fractional out to sqrt(area / 2 pi) from it, and evaluating it near
-    the surface costs several times Warp's own signed query (2.4-4.6 x on a 60k-triangle table
-    scan), so it keeps the raw mesh and Warp's sign. ``nbytes``: device memory of the twin's
-    arrays and BVH (estimate), or the host copies kept to build it."""
+    ``auto`` (``twin_id``). A surface that is not closed (a scan, a sheet, a cup) is neither: its
+    winding number is fractional out to sqrt(area / 2 pi) from it; it too gets a winding-number
+    twin at its first use under ``auto``. ``nbytes``: device memory of the twin's arrays and BVH
+    (estimate), or the host copies kept to build it."""
 
     def __init__(self, points: np.ndarray, triangles: np.ndarray, welded: np.ndarray, device) -> None:
         self.device = device
@@ -91,7 +92,7 @@ class Twin:
         self.nbytes = 0
         if self.closed_shell:
             self._keep(mesh, tuple(arrays))
-        elif self.winding:
+        else:
             self._source = (points, triangles, topology)  # the twin's sign data reuses the topology
             self.nbytes = points.nbytes + sum(a.nbytes for a in (topology.triangles, topology.welded,
                                                                  topology.welded_corner, topology.edge_of_corner))
@@ -110,10 +111,8 @@ class Twin:
 
     @property
     def twin_id(self) -> int:
-        """The twin's Warp mesh id (as an int64, the world tensors' type) of a closed shell or a
-        ``winding`` surface (which gets its winding-number twin here, once)."""
-        if not (self.closed_shell or self.winding):
-            raise ValueError("a surface that is not closed has no twin")
+        """The twin's Warp mesh id (as an int64, the world tensors' type): a closed shell's, or the
+        winding-number twin of any other surface, closed or open (built here, once)."""
         if self.mesh is None:
             with self._build_lock:
                 if self.mesh is None:
@@ -231,7 +230,7 @@ def adopt_meshes(mesh_idx: torch.Tensor, sign_method="auto", mesh_enable: torch.
     built elsewhere, 0 = empty slot), on its device: robot_sdf's sign regimes for them (module
     docstring). ``sign_method``: one SignMethod (or its name) for every slot, or an (n_env, m)
     uint8 tensor of them; ``auto`` and ``normal`` give closed shells their solid twin, ``auto``
-    gives other closed surfaces their winding twin; every other slot keeps its mesh and the
+    gives every other surface its winding twin; every other slot keeps its mesh and the
     requested method. ``mesh_enable`` (n_env, m) and ``n_env_mesh`` (n_env,), when given, limit
     the read to the enabled slots below each environment's count (ids elsewhere may be stale:
     Warp reads whatever an id points at). Reads every adopted mesh back to the host (a device
@@ -266,7 +265,7 @@ def adopt_meshes(mesh_idx: torch.Tensor, sign_method="auto", mesh_enable: torch.
         elif twin is not None and twin.closed_shell and method in SHELL_TWIN_METHODS:
             out_ids[env, slot], codes[env, slot], regimes[env, slot] = twin.twin_id, SignMethod.NORMAL, SOLID
             kept[id(twin)] = twin
-        elif twin is not None and twin.winding and method in WINDING_TWIN_METHODS:
+        elif twin is not None and method in WINDING_TWIN_METHODS:
             out_ids[env, slot], codes[env, slot], regimes[env, slot] = twin.twin_id, SignMethod.WINDING_NUMBER, WINDING
             kept[id(twin)] = twin
         else:

@@ -62,9 +62,9 @@ MESHES = ("kr10_link2_visual", "panda_hand_visual", "panda_link5_decimated", "ri
           "kr120_link5_collision", "vx300s_gripper")
 
 # Requirements the code does not meet on these meshes, as measured (strict xfail: a fix makes
-# them pass, and the mark must then go). Adopted open surfaces keep their raw mesh and Warp's
-# ray-vote sign (robot_sdf.adoption: passthrough), which reads points inside as outside.
-_PASSTHROUGH = "adopted as passthrough (open surface: Warp's own sign): "
+# them pass, and the mark must then go). Adopted open surfaces were kept on Warp's own sign
+# once, which read points up to 5 cm inside kr10_link2_visual and ridgeback_body as outside;
+# adoption now gives them winding-number twins, and these tests hold it to that.
 # vx300s_gripper: 11 inward-facing closed patches (holes: negative volume) inside the body's outer
 # patch, which touches edges used four times and so counts as open to orient_components: no
 # enclosure found, the holes are turned outward (7,828 of 9,000 faces reversed), and the winding
@@ -72,22 +72,10 @@ _PASSTHROUGH = "adopted as passthrough (open surface: Warp's own sign): "
 _REPAIR = ("the orientation repair turns 11 holes (closed, inward-facing, inside an outer patch that edges used four "
            "times leave 'open') outward, 7,828 faces: winding number 0 -> 2 there; ")
 KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
-    ("signs", "kr10_link2_visual", "adopted"): _PASSTHROUGH + "10 of 149 points 0.26 mm-2 cm inside read outside",
-    ("signs", "panda_hand_visual", "adopted"): _PASSTHROUGH + "4 of 150 points 0.4-2.1 mm inside read outside",
-    ("signs", "panda_link5_decimated", "adopted"): _PASSTHROUGH + "2 of 149 points 0.3-0.4 mm inside read outside",
-    ("signs", "ridgeback_body", "adopted"): _PASSTHROUGH + "15 of 150 points 3 mm-5 cm inside read outside",
     ("signs", "vx300s_gripper", "meshworld_auto"): _REPAIR + "4 of 149 points 0.27-1.24 mm outside read inside",
     ("signs", "vx300s_gripper", "adopted"): _REPAIR + "4 of 149 points 0.27-1.24 mm outside read inside",
-    ("band", "kr10_link2_visual", "adopted"): _PASSTHROUGH + "distance error up to 6.8e-2 m (10 of 116 points)",
-    ("band", "panda_hand_visual", "adopted"): _PASSTHROUGH + "distance error up to 4.2e-3 m (4 of 124 points)",
-    ("band", "panda_link5_decimated", "adopted"): _PASSTHROUGH + "distance error up to 7.5e-4 m (2 of 117 points)",
-    ("band", "ridgeback_body", "adopted"): _PASSTHROUGH + "distance error up to 0.17 m (15 of 120 points)",
     ("band", "vx300s_gripper", "meshworld_auto"): _REPAIR + "distance error up to 2.5e-3 m (4 of 121 points)",
     ("band", "vx300s_gripper", "adopted"): _REPAIR + "distance error up to 2.5e-3 m (4 of 121 points)",
-    ("deep", "kr10_link2_visual", "adopted"): _PASSTHROUGH + "1 of 67 centres inside (3.4 cm deep) costs 0",
-    ("deep", "panda_hand_visual", "adopted"): _PASSTHROUGH + "a centre 2.1 mm inside costed as outside (error 4.2e-3)",
-    ("deep", "panda_link5_decimated", "adopted"): _PASSTHROUGH + "a centre 0.4 mm inside costed as outside (7.5e-4)",
-    ("deep", "ridgeback_body", "adopted"): _PASSTHROUGH + "6 of 77 centres inside (5-8.5 cm deep) cost 0",
 }
 
 
