@@ -12,9 +12,9 @@ Everything runs in this process on ``device`` ("cpu" or "cuda[:N]"). Tables:
    fwd+bwd), 4. the MPPI batch 400 x 30 x 52, 5. the four sign methods (fwd), 6. the swept cost
    per sphere against the plain cost on the same trajectories (MPC-like rollouts mostly in free
    space, and the contact-heavy standard trajectories), with the number of cost evaluations per
-   sphere, side by side with the rule used before issue 8 (bench/legacy_swept.py), 7. free-space
+   sphere, side by side with the old summed-samples rule (bench/legacy_swept.py), 7. free-space
    spheres around a world-frame perception scan (open height field, auto -> winding_number)
-   against the floor, 8. meshes built outside robot_sdf (issue 14): cuRobo-built wp.Mesh tensors
+   against the floor, 8. meshes built outside robot_sdf: cuRobo-built wp.Mesh tensors
    with the bounding radius pad 0 against the same tensors with it filled and against MeshWorld,
    plain and swept fwd+bwd on one thread, 1k and 100k spheres, robot-like scene (~130k triangles).
 """
@@ -193,7 +193,7 @@ class TensorWorld:
 
 
 class LegacySweptRunner:
-    """The swept rule used before issue 8 (bench/legacy_swept.py) on a CostRunner's trajectories:
+    """The old summed-samples swept rule (bench/legacy_swept.py) on a CostRunner's trajectories:
     cost and gradient in one launch, as that rule computed them (its backward was one multiply)."""
 
     def __init__(self, runner: CostRunner, sweep_steps: int = SWEEP_STEPS):
@@ -506,11 +506,11 @@ def swept_table(b: Bench) -> None:
     steps_list = (1, 4) if b.quick else (1, 2, 4)
     emit(f"{'x'.join(map(str, b.traj))} spheres per set, r = {scenes.SPHERE_RADIUS} m, activation "
          f"{scenes.ACTIVATION} m, max_dist {scenes.MAX_DIST} m; plain = SdfMeshWarpPy fwd+bwd, swept K = "
-         "SweptSdfMeshWarpPy fwd+bwd with sweep_steps K (time-average, exact partials), before issue 8 K = the old "
+         "SweptSdfMeshWarpPy fwd+bwd with sweep_steps K (time-average, exact partials), the legacy rule's K = the old "
          "rule's kernel (bench/legacy_swept.py; cost and gradient in one launch). 'near' = spheres whose plain "
          "cost is > 0 (centre within r + activation of a surface). Evaluations = points of a sphere's slot "
          "whose cost took a search (p[t] and the samples not skipped for every mesh; at most 2 K + 1; since "
-         f"issue 14 a mesh's samples share one traversal). Threads: {_threads_for(b.traj[0] * b.traj[1] * b.traj[2]) if b.device == 'cpu' else 'GPU'}.")
+         f"a mesh's samples share one traversal). Threads: {_threads_for(b.traj[0] * b.traj[1] * b.traj[2]) if b.device == 'cpu' else 'GPU'}.")
     rows = []
     for name, traj in sets.items():
         runner = CostRunner(world, traj)
@@ -523,9 +523,9 @@ def swept_table(b: Bench) -> None:
             legacy = LegacySweptRunner(runner, k)
             legacy()
             evals[f"swept {k}"] = swept_evaluations(runner, k)
-            evals[f"before issue 8, {k}"] = legacy.evaluations.cpu().numpy()
+            evals[f"legacy rule, {k}"] = legacy.evaluations.cpu().numpy()
             cases[f"swept {k}"] = lambda k=k: runner.swept_forward_backward(k)
-            cases[f"before issue 8, {k}"] = legacy
+            cases[f"legacy rule, {k}"] = legacy
         res = b.timed(cases)
         plain = res["plain"].median
         for case, st in res.items():
@@ -572,7 +572,7 @@ def perception_free_space(b: Bench) -> None:
 
 
 def raw_mesh_table(b: Bench) -> None:
-    """Meshes built outside robot_sdf (issue 14): cuRobo's tensors (wp.Mesh with winding-number
+    """Meshes built outside robot_sdf: cuRobo's tensors (wp.Mesh with winding-number
     support, bounding radius pad 0) against the same tensors with the radius filled and against
     MeshWorld's own meshes, plain and swept fwd+bwd on one thread, on the robot-like scene."""
     meshes = scenes.robot_like_meshes()
@@ -707,7 +707,7 @@ def _one_thread(fn: Callable[[], object]) -> None:
 
 
 def world_updates(b: Bench) -> None:
-    """Pose and enable updates: O(1) Python per change (host mirrors, issue 9) against the
+    """Pose and enable updates: O(1) Python per change (host mirrors) against the
     from-scratch snapshot rebuild every change paid before (MeshWorld._build_snapshot)."""
     section(f"World updates on {b.device}: pose / enable change vs. the former full rebuild")
     box_v, box_t = scenes.box((0.2, 0.2, 0.2), 0.1)
@@ -731,12 +731,12 @@ def world_updates(b: Bench) -> None:
             world.set_enabled("m5", bool(state["k"]), env=target_env)
 
         res = b.timed({"set_pose": set_pose, "set_enabled": toggle,
-                       "full rebuild (every change before issue 9)": world._build_snapshot},
+                       "full rebuild of the snapshot per change": world._build_snapshot},
                       reps=50 if b.quick else 400, budget_s=b.budget_s / 2)
         for name, st in res.items():
             rows.append([f"{envs} env x 8 meshes", name, f"{1e6 * st.median:.1f} ({1e6 * st.p25:.1f}-{1e6 * st.p75:.1f})"])
         rows.append([f"{envs} env x 8 meshes", "rebuild / set_pose",
-                     f"{res['full rebuild (every change before issue 9)'].median / res['set_pose'].median:.1f}x"])
+                     f"{res['full rebuild of the snapshot per change'].median / res['set_pose'].median:.1f}x"])
     emit(table(["world", "case", "median us (p25-p75)"], rows))
     emit("set_pose/set_enabled: validation, one slot written into the host mirrors, one new tensor "
          "for the changed array (copy-on-write; a memcpy on the CPU, one host-to-device copy on CUDA).")
@@ -750,7 +750,7 @@ def _slot_loop_args(world: MeshWorld) -> tuple:
 
 
 def far_obstacles(b: Bench) -> None:
-    """Issue 14: the same 16 near obstacles plus up to 4080 far ones (blocks beyond max_dist of
+    """Many obstacles: the same 16 near obstacles plus up to 4080 far ones (blocks beyond max_dist of
     every sphere), 4096 spheres fwd+bwd near the near set, through MeshWorld's slot BVHs and
     through the per-slot loop; then the cost of world updates at 4096 meshes."""
     section(f"Far obstacles on {b.device}: 16 near meshes + far blocks, 4096 spheres fwd+bwd")

@@ -1,7 +1,7 @@
 """cuRobo's mesh-collision algorithm, written here from its description, ONLY as a timing reference.
 
 cuRobo v0.7.8 cannot be installed on the benchmark machines (the package registry holds no
-release of it), so issue 14's "side by side against cuRobo's kernels" is measured against this
+release of it), so "side by side against cuRobo's kernels" is measured against this
 module instead: the same work per sphere that cuRobo's Warp kernels do, on the same tensors
 (mesh ids, inverse poses [x y z qw qx qy qz pad], enable flags; one environment):
 

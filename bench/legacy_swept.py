@@ -1,4 +1,4 @@
-"""The swept-cost rule robot_sdf used before issue 8, kept ONLY for side-by-side benchmarks.
+"""The swept-cost rule robot_sdf used before the time-average rule, kept ONLY for side-by-side benchmarks.
 
 Old rule (do not use): step t paid the SUM of p[t]'s cost and of up to ``sweep_steps`` samples per
 side placed by sphere tracing (advance by max(clearance, L / sweep_steps) towards the half-way

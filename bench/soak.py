@@ -380,7 +380,7 @@ def _block_mesh(rng: np.random.Generator):
 
 
 def run_perception(workdir: Path, domain: int, args) -> dict:
-    """Issue 14: a perception-style producer keeps ~1000 block meshes of a room and re-publishes
+    """Perception soak: a perception-style producer keeps ~1000 block meshes of a room and re-publishes
     ``--blocks-per-tick`` changed blocks (ADD of new geometry per block id) at ``--perception-hz``
     while clients query; query latency against the same world when it is quiet."""
     from diagnostic_msgs.msg import DiagnosticArray

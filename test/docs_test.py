@@ -177,3 +177,18 @@ def test_readme_pytorch_example_runs_as_written():
     assert cost.shape == spheres.shape[:3] and spheres.grad.shape == spheres.shape
     assert (cost > 0).any() and torch.isfinite(spheres.grad).all()
     assert namespace["dist"].shape == (1,) and namespace["grad"].shape == (1, 3)
+
+
+def test_code_carries_no_session_or_issue_numbers():
+    """Comments, docstrings and strings of the package, the benchmarks and the tests say why,
+    not which session or issue: "session N" and "issue N" in any tracked Python file (this file
+    excepted, whose examples must match; a bare "#1" is code's own notation there)."""
+    words = re.compile(r"\b[Ss]essions?\s+\d|\b[Ii]ssues?\s*#?\d")
+    found = []
+    for path in _tracked_text_files():
+        if path.suffix != ".py" or path == Path(__file__).resolve() or not path.exists():
+            continue
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if words.search(line):
+                found.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
+    assert not found, "session or issue numbers in code:\n" + "\n".join(found)
