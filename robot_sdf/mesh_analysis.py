@@ -942,10 +942,10 @@ def orient_components(vertices: np.ndarray, triangles: np.ndarray, welded: np.nd
     each triangle); a patch whose two copies connect cannot be oriented (Moebius-like, or
     conflicting across non-manifold edges) and is left as it was. Then:
     - a closed patch (every edge of it used twice, in opposite directions once oriented) faces
-      outward (positive volume), unless another closed patch encloses it (the six extreme
-      vertices of its box inside that patch): an enclosed patch is a cavity or a nested body,
-      which its winding tells, and keeps the orientation of the majority (by area) of its
-      triangles;
+      outward (positive volume), unless another closed patch, or the rest of the mesh as given
+      (closed or not), encloses it (the six extreme vertices of its box inside): an enclosed
+      patch is a cavity or a nested body, which its winding tells, and keeps the orientation
+      of the majority (by area) of its triangles;
     - an open patch keeps the orientation of the majority (by area) of its triangles.
     Flat triangles are left as they are.
     """
@@ -1018,7 +1018,8 @@ def orient_components(vertices: np.ndarray, triangles: np.ndarray, welded: np.nd
         box_hi = np.maximum.reduceat(corner_hi, first, axis=0)
         for p in candidates:
             holders = np.flatnonzero(closed & np.all(box_lo <= box_lo[p], axis=1) & np.all(box_hi >= box_hi[p], axis=1))
-            if not _enclosed(p, holders[holders != p], patch_of, v64, consistent):
+            if not (_enclosed(p, holders[holders != p], patch_of, v64, consistent)
+                    or _enclosed_by_the_rest(p, patch_of, v64, tri[good])):
                 turn_patch[p] = outward_turn[p]
     flip = np.zeros(tri.shape[0], bool)
     flip[good] = np.where(patch_ok[patch_of], rel != turn_patch[patch_of], False)
@@ -1026,6 +1027,21 @@ def orient_components(vertices: np.ndarray, triangles: np.ndarray, welded: np.nd
     reversed_whole = int(np.count_nonzero(closed & (turn_patch != majority_turn)))
     return out, OrientationRepair(int(n_patches), int(np.count_nonzero(closed)), int(np.count_nonzero(~patch_ok)),
                                   reversed_whole, int(np.count_nonzero(flip)), time.perf_counter() - t0)
+
+
+def _enclosed_by_the_rest(p: int, patch_of: np.ndarray, v64: np.ndarray, given: np.ndarray) -> bool:
+    """Whether the rest of the mesh as given (every other patch, ``given`` (G,3) the non-flat
+    triangles in their given winding), closed or not, encloses patch ``p``: its winding number is
+    above 1/2 in magnitude at p's six extreme vertices. A cavity inside an outer surface that is
+    not one closed patch (edges used four times, cracks: CAD exports) stays a cavity."""
+    others = given[patch_of != p]
+    if others.shape[0] == 0:
+        return False
+    mine = v64[given[patch_of == p]].reshape(-1, 3)
+    extremes = mine[np.concatenate([mine.argmin(axis=0), mine.argmax(axis=0)])]
+    corners = v64[others]
+    winding = sum(_winding_numbers(extremes, corners[i:i + _GIL_CHUNK]) for i in range(0, corners.shape[0], _GIL_CHUNK))
+    return bool(np.all(np.abs(winding) > 0.5))
 
 
 def _enclosed(p: int, holders: np.ndarray, patch_of: np.ndarray, v64: np.ndarray, consistent: np.ndarray) -> bool:

@@ -298,3 +298,37 @@ def test_real_collision_mesh_with_t_junctions_keeps_exact_signs():
     sd = sd.detach().numpy()
     np.testing.assert_array_equal(sd.reshape(-1)[far] < 0, w[far] > 0.5)
     np.testing.assert_allclose(np.abs(sd.reshape(-1)[far]), d[far], atol=1e-5)
+
+
+def test_cavity_inside_an_open_outer_surface_stays_a_cavity():
+    """An inward-wound closed box (a cavity) inside a box whose top face is missing (open, as
+    CAD outer surfaces with cracks are): the repair keeps the cavity as given, the winding number
+    there stays 5/6 - 1 < 1/2 (outside), and MeshWorld's signs are the exact winding number's of
+    the mesh as given. Turned outward (what the repair did before) it would read 5/6 + 1: a
+    hollow made solid."""
+    import torch
+
+    from robot_sdf import MeshWorld
+
+    outer_v, outer_t = ref.box((1.0, 1.0, 1.0))
+    top = np.all(outer_v[outer_t][:, :, 2] > 0.49, axis=1)
+    outer_t = outer_t[~top]
+    cavity_v, cavity_t = ref.box((0.3, 0.3, 0.3))
+    v = np.concatenate([outer_v, cavity_v])
+    t = np.concatenate([outer_t, cavity_t[:, ::-1] + len(outer_v)])
+    oriented, repair = mesh_analysis.orient_components(v, t)
+    np.testing.assert_array_equal(oriented[len(outer_t):], t[len(outer_t):])
+    assert repair.components_reversed == 0
+    centre = np.zeros((1, 3))
+    assert ref.winding_number(centre, v, t)[0] < 0.0
+    rng = np.random.default_rng(9)
+    pts = np.concatenate([rng.uniform(-0.14, 0.14, (200, 3)), rng.uniform(-0.45, 0.45, (400, 3))])
+    w = ref.winding_number(pts, v, t)
+    d = ref.unsigned_distance(pts, v, t)
+    far = d > 1e-3
+    world = MeshWorld(device="cpu", max_distance=2.0)
+    world.add_mesh("shell", v, t)
+    sd, _ = world.signed_distance(torch.from_numpy(pts.astype(np.float32)), max_distance=2.0)
+    sd = sd.numpy()
+    assert np.sum(far & (np.abs(pts).max(axis=1) < 0.14)) >= 100  # in the cavity, outside
+    np.testing.assert_array_equal(sd[far] < 0, w[far] > 0.5)

@@ -62,21 +62,12 @@ MESHES = ("kr10_link2_visual", "panda_hand_visual", "panda_link5_decimated", "ri
           "kr120_link5_collision", "vx300s_gripper")
 
 # Requirements the code does not meet on these meshes, as measured (strict xfail: a fix makes
-# them pass, and the mark must then go). Adopted open surfaces were kept on Warp's own sign
-# once, which read points up to 5 cm inside kr10_link2_visual and ridgeback_body as outside;
-# adoption now gives them winding-number twins, and these tests hold it to that.
-# vx300s_gripper: 11 inward-facing closed patches (holes: negative volume) inside the body's outer
-# patch, which touches edges used four times and so counts as open to orient_components: no
-# enclosure found, the holes are turned outward (7,828 of 9,000 faces reversed), and the winding
-# number 0 in them becomes 2, a hollow made solid.
-_REPAIR = ("the orientation repair turns 11 holes (closed, inward-facing, inside an outer patch that edges used four "
-           "times leave 'open') outward, 7,828 faces: winding number 0 -> 2 there; ")
-KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
-    ("signs", "vx300s_gripper", "meshworld_auto"): _REPAIR + "4 of 149 points 0.27-1.24 mm outside read inside",
-    ("signs", "vx300s_gripper", "adopted"): _REPAIR + "4 of 149 points 0.27-1.24 mm outside read inside",
-    ("band", "vx300s_gripper", "meshworld_auto"): _REPAIR + "distance error up to 2.5e-3 m (4 of 121 points)",
-    ("band", "vx300s_gripper", "adopted"): _REPAIR + "distance error up to 2.5e-3 m (4 of 121 points)",
-}
+# them pass, and the mark must then go). None now. Fixed: adopted open surfaces were kept on
+# Warp's own sign (points up to 5 cm inside kr10_link2_visual and ridgeback_body read outside);
+# vx300s_gripper's 11 inward-facing holes inside an outer patch that edges used four times leave
+# "open" were turned outward by the orientation repair (winding number 0 -> 2, a hollow made
+# solid: points 0.27-1.24 mm outside read inside).
+KNOWN_FAILURES: dict[tuple[str, str, str], str] = {}
 
 
 @lru_cache(maxsize=None)
