@@ -134,3 +134,11 @@ def test_kernel_modules_are_listed_in_dependency_order():
         later = sorted(n for n in used if n not in KERNEL_MODULES[:i])
         assert not later, f"{name} imports {later}, not listed before it"
 
+
+def test_kernel_modules_are_short_and_tested():
+    """No kernel module above 800 lines; each has its own test file test/<module>_test.py."""
+    for name in KERNEL_MODULES:
+        stem = name.rsplit(".", 1)[1]
+        lines = len((PACKAGE / "kernels" / f"{stem}.py").read_text().splitlines())
+        assert lines <= 800, f"{name}: {lines} lines"
+        assert (REPO / "test" / f"{stem}_test.py").is_file(), f"{name} has no test/{stem}_test.py"
