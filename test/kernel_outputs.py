@@ -1,8 +1,9 @@
-"""Throwaway check of a refactoring of the Warp kernels: every kernel's outputs on the test corpus,
-saved once and compared bitwise with a later run (CPU).
+"""Every kernel's outputs on the test corpus, saved once and compared bitwise with a later run
+(CPU): the check of a change to the kernels that must not change a bit (a refactoring, a faster
+search). Run `save` before the change, `compare` after it:
 
-    python test/kernel_split_check.py save /tmp/kernels_before.npz
-    python test/kernel_split_check.py compare /tmp/kernels_before.npz
+    python test/kernel_outputs.py save /tmp/kernels_before.npz
+    python test/kernel_outputs.py compare /tmp/kernels_before.npz
 
 Covers SdfMeshWarpPy (plain, esdf, with gradient), SweptSdfMeshWarpPy (sweep_steps 2, 4 and 9,
 speed metric on and off) and the Hessian (plain, esdf) on every mesh of test/mesh_corpus.py, through
