@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import torch
 
-from robot_sdf import _internals
+from robot_sdf import _internals, ops
+from robot_sdf.cost_inputs import (env_rows, output_buffers, prepare_env_index, prepare_spheres,
+                                   scalar_tensors, speed_dt_tensor)
 from robot_sdf.warp_primitives import (
     _INTRA_OP_GRAIN,
     SphereCostArgs,
@@ -37,92 +39,6 @@ from robot_sdf.warp_primitives import (
     sphere_cost_vjp,
     unfold_batch,
 )
-
-
-def _prepare_spheres(world, spheres: torch.Tensor) -> torch.Tensor:
-    if spheres.dim() != 4 or spheres.shape[-1] != 4:
-        raise ValueError(f"spheres must be (b, h, n, 4), got {tuple(spheres.shape)}")
-    if spheres.dtype == torch.float32 and spheres.device == world.device:
-        return spheres
-    return spheres.to(device=world.device, dtype=torch.float32)
-
-
-def _prepare_env_index(world, env_index, batch: int):
-    if env_index is None:
-        return None
-    env = torch.as_tensor(env_index).reshape(-1)
-    if env.shape[0] != batch:
-        raise ValueError(f"env_index must have one entry per batch row ({batch}), got {env.shape[0]}")
-    # Checked where it is free (host memory); on a GPU the kernel gives rows of an unknown
-    # environment cost 0 rather than paying a device sync here on every call.
-    if env.device.type == "cpu" and env.numel() and not torch.compiler.is_compiling():
-        try:
-            low, high = int(env.min()), int(env.max())
-        except RuntimeError:  # a torch.func wrapper (vmap over environments): values unreadable here
-            low, high = 0, 0
-        if low < 0 or high >= world.num_envs:
-            raise ValueError(f"env_index values must be in [0, {world.num_envs}), got [{low}, {high}]")
-    return env.to(device=world.device, dtype=torch.int32)
-
-
-def _scalars(world, activation_distance, weight, max_distance):
-    key = (world.device, activation_distance, weight, world.max_distance if max_distance is None else max_distance)
-    try:
-        cached = _scalar_sets.get(key)
-    except TypeError:  # unhashable (e.g. a tensor): validate below, uncached
-        cached = key = None
-    if cached is not None:
-        return cached
-    result = _checked_scalars(world, activation_distance, weight, max_distance)
-    if key is not None and type(key[1]) in (int, float) and type(key[2]) in (int, float) \
-            and type(key[3]) in (int, float):
-        if len(_scalar_sets) >= _MAX_CONSTANTS:
-            _scalar_sets.clear()
-        _scalar_sets[key] = result
-    return result
-
-
-# (device, activation, weight, max_distance) as given (plain numbers only) -> the three validated
-# constant tensors: one lookup per call instead of three conversions and checks.
-_scalar_sets: dict[tuple, tuple] = {}
-
-
-def _checked_scalars(world, activation_distance, weight, max_distance):
-    max_d = world.max_distance if max_distance is None else float(max_distance)
-    for name, value, lower in (("activation_distance", activation_distance, 0.0), ("weight", weight, None),
-                               ("max_distance", max_d, 0.0)):
-        v = float(value)
-        if v != v or (lower is not None and v < lower):
-            raise ValueError(f"{name} must be a number >= {lower}, got {value}")
-    dev = world.device
-    return _constant(dev, weight), _constant(dev, activation_distance), _constant(dev, max_d)
-
-
-_constants: dict[tuple[torch.device, float], torch.Tensor] = {}
-_MAX_CONSTANTS = 256
-
-
-def _constant(device: torch.device, value) -> torch.Tensor:
-    """A (1,) float32 tensor holding ``value`` on ``device``, cached: on CUDA a fresh one would
-    cost a host-to-device copy (and a stream sync) on every call. Callers never write to it."""
-    key = (device, float(value))
-    t = _constants.get(key)
-    if t is None:
-        if len(_constants) >= _MAX_CONSTANTS:
-            _constants.clear()
-        with _internals.plain_tensors():
-            t = _constants.setdefault(key, torch.tensor([float(value)], dtype=torch.float32, device=device))
-    return t
-
-
-def _buffers(spheres: torch.Tensor):
-    """Fresh cost (b,h,n) float32, gradient (b,h,n,4) float32 and sparsity (b,h,n) uint8 buffers,
-    contiguous, for float32 spheres (b,h,n,4). Sizes go in as separate ints and the rest as
-    *_like: torch parses a torch.Size or tuple argument several times slower (per-call cost)."""
-    b, h, n, _ = spheres.shape
-    cost = torch.empty(b, h, n, dtype=torch.float32, device=spheres.device)
-    return (cost, torch.empty_like(spheres, memory_format=torch.contiguous_format),
-            torch.empty_like(cost, dtype=torch.uint8))
 
 
 # Under a torch.func transform the evaluation goes through _SphereCost, whose gradient output is
@@ -223,13 +139,12 @@ def _as_input_dtype(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, env_index=None, max_distance=None):
     """Cost (b,h,n) of spheres (b,h,n,4) [x,y,z,r]; differentiable w.r.t. the sphere centres."""
-    s = _prepare_spheres(world, spheres)
-    env = None if env_index is None else _prepare_env_index(world, env_index, s.shape[0])
+    s = prepare_spheres(world, spheres)
+    env = None if env_index is None else prepare_env_index(world, env_index, s.shape[0])
     if torch.compiler.is_compiling():
-        from robot_sdf import ops
         return _as_input_dtype(ops.sphere_cost(world, s, activation_distance, weight, env, max_distance, False),
                                spheres)
-    w, eta, max_d = _scalars(world, activation_distance, weight, max_distance)
+    w, eta, max_d = scalar_tensors(world, activation_distance, weight, max_distance)
     with world.reading() as snap:
         args = SphereCostArgs(w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
                               False, snap, _transforms_active())
@@ -242,15 +157,14 @@ def swept_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, swee
     """Swept cost (b,h,n) of trajectories of spheres (b,h,n,4) along h; differentiable w.r.t. the
     centres. Step t's cost depends on the centres of steps t-1, t and t+1 (docs/design.md "Swept cost");
     backward gives the exact gradient for any upstream gradient."""
-    s = _prepare_spheres(world, spheres)
-    env = _prepare_env_index(world, env_index, s.shape[0])
-    w, eta, max_d = _scalars(world, activation_distance, weight, max_distance)
-    dt = _speed_dt(world, speed_dt, enable_speed_metric)
+    s = prepare_spheres(world, spheres)
+    env = prepare_env_index(world, env_index, s.shape[0])
+    w, eta, max_d = scalar_tensors(world, activation_distance, weight, max_distance)
+    dt = speed_dt_tensor(world, speed_dt, enable_speed_metric)
     if torch.compiler.is_compiling():
-        from robot_sdf import ops
         return _as_input_dtype(ops.swept_sphere_cost(world, s, activation_distance, weight, sweep_steps, speed_dt,
                                                      enable_speed_metric, env, max_distance), spheres)
-    cost, grad, sparsity = _buffers(s)
+    cost, grad, sparsity = output_buffers(s)
     # Partials only when a gradient may be asked for (a no-grad rollout skips them).
     want = _internals.may_need_gradient(s)
     with world.reading() as snap:
@@ -275,12 +189,11 @@ def signed_distance(world, points, env=0, max_distance=None, return_revision=Fal
     pts32 = pts.to(device=world.device, dtype=torch.float32)
     spheres = torch.cat([pts32, torch.zeros_like(pts32[:, :1])], dim=1).reshape(1, 1, -1, 4)
     if torch.compiler.is_compiling():
-        from robot_sdf import ops
         dist, grad = ops.signed_distance(world, spheres, env, max_distance)
         return (_as_input_dtype(dist.reshape(-1), pts), grad.detach().reshape(-1, 4)[:, :3])
     # weight -1 turns the ESDF value max_i(-sd_i) into min_i sd_i, the signed distance to the union.
-    w, eta, max_d = _scalars(world, 0.0, -1.0, max_distance)
-    env_index = _env_rows(world.device, int(env))
+    w, eta, max_d = scalar_tensors(world, 0.0, -1.0, max_distance)
+    env_index = env_rows(world.device, int(env))
     with world.reading() as snap:
         args = SphereCostArgs(w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
                               True, snap, _transforms_active())
@@ -290,37 +203,15 @@ def signed_distance(world, points, env=0, max_distance=None, return_revision=Fal
     return result + (revision,) if return_revision else result
 
 
-def _env_rows(device: torch.device, env: int) -> torch.Tensor:
-    """A (1,) int32 tensor holding ``env`` on ``device``, cached (callers never write to it)."""
-    key = (device, env)
-    t = _env_row_tensors.get(key)
-    if t is None:
-        if len(_env_row_tensors) >= _MAX_CONSTANTS:
-            _env_row_tensors.clear()
-        with _internals.plain_tensors():
-            t = _env_row_tensors.setdefault(key, torch.full((1,), env, dtype=torch.int32, device=device))
-    return t
-
-
-_env_row_tensors: dict = {}
-
-
-def _speed_dt(world, speed_dt, enable_speed_metric):
-    dt = float(speed_dt)
-    if enable_speed_metric and not (dt > 0.0):
-        raise ValueError(f"speed_dt must be > 0 with the speed metric, got {speed_dt}")
-    return _constant(world.device, dt if dt > 0 else 1.0)
-
-
 def evaluate_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, env_index=None, max_distance=None,
                          compute_gradient=True, return_revision=False):
     """Cost (b,h,n) and gradient (b,h,n,3) (None unless compute_gradient), without an autograd graph.
 
     With return_revision, a third element is the world revision the result was computed against."""
-    s = _prepare_spheres(world, spheres).detach()
-    env = _prepare_env_index(world, env_index, s.shape[0])
-    w, eta, max_d = _scalars(world, activation_distance, weight, max_distance)
-    cost, grad, sparsity = _buffers(s)
+    s = prepare_spheres(world, spheres).detach()
+    env = prepare_env_index(world, env_index, s.shape[0])
+    w, eta, max_d = scalar_tensors(world, activation_distance, weight, max_distance)
+    cost, grad, sparsity = output_buffers(s)
     with world.reading() as snap:
         launch_sphere_cost_fresh(s, cost, grad, sparsity, w, eta, snap.mesh_idx, snap.mesh_pose_inverse,
                                  snap.mesh_enable, snap.n_env_mesh, max_d, env, compute_grad=compute_gradient,
@@ -337,11 +228,11 @@ def evaluate_swept_sphere_cost(world, spheres, activation_distance=0.05, weight=
 
     The gradient of sphere t is that of the summed cost sum_t' cost_t' (each step's cost depends
     on its neighbouring steps too), what an MPC that adds up the steps needs."""
-    s = _prepare_spheres(world, spheres).detach()
-    env = _prepare_env_index(world, env_index, s.shape[0])
-    w, eta, max_d = _scalars(world, activation_distance, weight, max_distance)
-    dt = _speed_dt(world, speed_dt, enable_speed_metric)
-    cost, grad, sparsity = _buffers(s)
+    s = prepare_spheres(world, spheres).detach()
+    env = prepare_env_index(world, env_index, s.shape[0])
+    w, eta, max_d = scalar_tensors(world, activation_distance, weight, max_distance)
+    dt = speed_dt_tensor(world, speed_dt, enable_speed_metric)
+    cost, grad, sparsity = output_buffers(s)
     with world.reading() as snap:
         launch_swept_sphere_cost(s, cost, grad, sparsity, w, eta, dt, snap.mesh_idx, snap.mesh_pose_inverse,
                                  snap.mesh_enable, snap.n_env_mesh, max_d, int(sweep_steps), bool(enable_speed_metric),

@@ -18,6 +18,7 @@ from typing import Optional
 
 import torch
 
+from robot_sdf.cost_inputs import output_buffers, scalar_tensors, speed_dt_tensor
 from robot_sdf.warp_primitives import SphereCostArgs, launch_swept_sphere_cost, swept_chain_rule
 
 _worlds: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
@@ -51,8 +52,7 @@ def _world(handle: int):
 
 
 def _args(world, snap, activation_distance: float, weight: float, max_distance: Optional[float], esdf: bool):
-    from robot_sdf.cost import _scalars
-    w, eta, max_d = _scalars(world, activation_distance, weight, max_distance)
+    w, eta, max_d = scalar_tensors(world, activation_distance, weight, max_distance)
     return SphereCostArgs(w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
                           esdf, snap)
 
@@ -117,12 +117,11 @@ def _swept_sphere_cost(spheres: torch.Tensor, world: int, activation_distance: f
                        max_distance: float, sweep_steps: int, speed_dt: float, speed_metric: bool,
                        env: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(cost (b,h,n), partials (3,b,h,n,3): own, to_prev, to_next) of trajectories (b,h,n,4)."""
-    from robot_sdf.cost import _buffers, _scalars, _speed_dt
     w = _world(world)
     s = spheres.contiguous()
-    weight_t, eta, max_d = _scalars(w, activation_distance, weight, _max(max_distance))
-    dt = _speed_dt(w, speed_dt, speed_metric)
-    cost, grad, sparsity = _buffers(s)
+    weight_t, eta, max_d = scalar_tensors(w, activation_distance, weight, _max(max_distance))
+    dt = speed_dt_tensor(w, speed_dt, speed_metric)
+    cost, grad, sparsity = output_buffers(s)
     with w.reading() as snap:
         partials = launch_swept_sphere_cost(s, cost, grad, sparsity, weight_t, eta, dt, snap.mesh_idx,
                                             snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,

@@ -135,6 +135,58 @@ def test_kernel_modules_are_listed_in_dependency_order():
         assert not later, f"{name} imports {later}, not listed before it"
 
 
+
+def _module_graph() -> dict[str, set[str]]:
+    """robot_sdf module -> the robot_sdf modules it imports anywhere in its file (function-level
+    imports included): ``from robot_sdf import x`` counts as importing robot_sdf.x when x is a
+    module."""
+    files = {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        targets = set()
+        for imported in _imports(path):
+            if imported in files and imported != name and not name.startswith(imported + "."):
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle_lazy_or_not():
+    """The modules of robot_sdf import each other in one direction only, counting imports inside
+    functions (a cycle hidden by a lazy import is still a cycle)."""
+    graph = _module_graph()
+    assert graph["robot_sdf.cost"] >= {"robot_sdf.ops", "robot_sdf.cost_inputs"}  # the graph is read
+    assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph))}"
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
 def test_kernel_modules_are_short_and_tested():
     """No kernel module above 800 lines; each has its own test file test/<module>_test.py."""
     for name in KERNEL_MODULES:

@@ -45,6 +45,7 @@ from typing import Protocol
 import numpy as np
 
 from robot_sdf import geometry
+from robot_sdf.ros.executors import ExecutorThread  # stops without racing its callbacks
 
 # Reason classes of a failed lookup, the same for tf2_ros and the built-in buffer (tf2_ros's
 # exception classes LookupException, ConnectivityException, ExtrapolationException,
@@ -373,7 +374,6 @@ class _CompanionNode:
         self._spinner = None
 
     def _start(self, name: str) -> None:
-        from robot_sdf.ros.node_process import ExecutorThread  # stops without racing its callbacks
 
         self._spinner = ExecutorThread(self._node, f"{name}_tf", on_error=lambda exc: self._node.get_logger().error(
             f"transform listener stopped: {exc!r}"))

@@ -45,7 +45,7 @@ from std_msgs.msg import Header
 from robot_sdf import _internals
 from robot_sdf.ros import conversions as conv
 from robot_sdf.ros.frames import TransformPending, stamp_to_ns
-from robot_sdf.ros.node_process import ExecutorThread
+from robot_sdf.ros.executors import ExecutorThread
 from robot_sdf.ros.update_queue import LatencyWindow, UpdateQueue
 from robot_sdf_interfaces.msg import MeshObstacle, ObstaclePose
 
