@@ -37,6 +37,7 @@ import torch
 import warp as wp
 
 from robot_sdf import mesh_analysis
+from robot_sdf.kernels.sign_data import ROW_AREA, extra_row
 from robot_sdf.types import SignMethod
 from robot_sdf.launch import warp_device
 
@@ -81,7 +82,7 @@ class Twin:
             # positive volume): their pseudo-normals are the exact sign if no self-intersection or
             # nesting turns up, and the mesh is only kept then.
             data = mesh_analysis.sign_data(points, triangles, False, SignMethod.NORMAL, welded=welded)
-            data[-1, 1] = 1.0  # closed shell (mesh_analysis module docstring, row B + 4, the last)
+            data[extra_row(ROW_AREA), 1] = 1.0  # the boundary of a solid (sign_data: is_solid)
             arrays[:] = self._device_arrays(points, triangles, data)
             return wp.Mesh(points=arrays[0], indices=arrays[1], velocities=arrays[2])
 

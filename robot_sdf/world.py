@@ -23,6 +23,7 @@ import warp as wp
 from robot_sdf import cost, geometry, mesh_analysis
 from robot_sdf.slot_index import SlotIndex
 from robot_sdf.types import POSE_INVERSE_SIZE, SignMethod, WorldSnapshot
+from robot_sdf.kernels.sign_data import ROW_AREA, ROW_BOUNDS, ROW_MARKER, extra_row
 from robot_sdf.launch import init_warp, warp_device
 from robot_sdf.warp_primitives import register_mesh, unregister_mesh
 
@@ -113,15 +114,16 @@ class _Geometry:
                           method.name.lower(), classification.reason, len(self.triangles), classification.seconds)
         self.method = method
         self.winding_number = method == SignMethod.WINDING_NUMBER
-        data[-3, 1:] = (1.0 if self.winding_number else 0.0, float(int(method)))
+        data[extra_row(ROW_MARKER), 1:] = (1.0 if self.winding_number else 0.0, float(int(method)))
         # The classification proved the pseudo-normal sign exact (a refit rewrites the data
         # without it).
         self.closed_shell = classification is not None and classification.solid
-        data[-1, 1] = 1.0 if self.closed_shell else 0.0
+        data[extra_row(ROW_AREA), 1] = 1.0 if self.closed_shell else 0.0
         # Kernels skip the mesh beyond this radius (+ the search bound): no surface is there and
         # no inside point (for winding_number on a surface that is not closed, that reaches
         # out to the winding radius).
-        self.cull_radius = max(self.radius, float(data[-2, 0]) if data[-2, 1] == 0.0 else 0.0)
+        bounds = data[extra_row(ROW_BOUNDS)]
+        self.cull_radius = max(self.radius, float(bounds[0]) if bounds[1] == 0.0 else 0.0)
         self.velocities.assign(wp.array(data, dtype=wp.vec3, device=wdev))
         if mesh is None or self.winding_number:
             mesh = wp.Mesh(points=self.points, indices=self.indices, velocities=self.velocities,

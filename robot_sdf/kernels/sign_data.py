@@ -63,6 +63,12 @@ ROW_BOX_UPPER = wp.constant(1)
 ROW_MARKER = wp.constant(2)
 ROW_BOUNDS = wp.constant(3)
 ROW_AREA = wp.constant(4)
+
+
+def extra_row(row: int) -> int:
+    """Index of extra ``row`` (ROW_*) counted from the end of a host (rows, 3) sign-data array."""
+    return int(row) - int(SIGN_DATA_EXTRA)
+
 # Rows of a rim chunk, relative to its first row.
 RIM_LOWER = wp.constant(0)
 RIM_UPPER = wp.constant(1)
