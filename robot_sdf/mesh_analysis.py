@@ -1029,6 +1029,18 @@ def orient_components(vertices: np.ndarray, triangles: np.ndarray, welded: np.nd
                                   reversed_whole, int(np.count_nonzero(flip)), time.perf_counter() - t0)
 
 
+def _extreme_vertices(p: int, patch_of: np.ndarray, v64: np.ndarray, triangles: np.ndarray) -> np.ndarray:
+    """The six extreme vertices (6,3) of patch ``p`` (on its convex hull): lowest and highest in x, y, z."""
+    mine = v64[triangles[patch_of == p]].reshape(-1, 3)
+    return mine[np.concatenate([mine.argmin(axis=0), mine.argmax(axis=0)])]
+
+
+def _all_inside(points: np.ndarray, corners: np.ndarray) -> bool:
+    """Whether the triangles ``corners`` (T,3,3) have |winding number| > 1/2 at every one of ``points``."""
+    winding = sum(_winding_numbers(points, corners[i:i + _GIL_CHUNK]) for i in range(0, corners.shape[0], _GIL_CHUNK))
+    return bool(np.all(np.abs(winding) > 0.5))
+
+
 def _enclosed_by_the_rest(p: int, patch_of: np.ndarray, v64: np.ndarray, given: np.ndarray) -> bool:
     """Whether the rest of the mesh as given (every other patch, ``given`` (G,3) the non-flat
     triangles in their given winding), closed or not, encloses patch ``p``: its winding number is
@@ -1037,11 +1049,7 @@ def _enclosed_by_the_rest(p: int, patch_of: np.ndarray, v64: np.ndarray, given: 
     others = given[patch_of != p]
     if others.shape[0] == 0:
         return False
-    mine = v64[given[patch_of == p]].reshape(-1, 3)
-    extremes = mine[np.concatenate([mine.argmin(axis=0), mine.argmax(axis=0)])]
-    corners = v64[others]
-    winding = sum(_winding_numbers(extremes, corners[i:i + _GIL_CHUNK]) for i in range(0, corners.shape[0], _GIL_CHUNK))
-    return bool(np.all(np.abs(winding) > 0.5))
+    return _all_inside(_extreme_vertices(p, patch_of, v64, given), v64[others])
 
 
 def _enclosed(p: int, holders: np.ndarray, patch_of: np.ndarray, v64: np.ndarray, consistent: np.ndarray) -> bool:
@@ -1050,6 +1058,8 @@ def _enclosed(p: int, holders: np.ndarray, patch_of: np.ndarray, v64: np.ndarray
     of its consistently wound triangles ``consistent`` (G,3), whatever their orientation)."""
     if holders.size == 0:
         return False
+    extremes = _extreme_vertices(p, patch_of, v64, consistent)
+    return any(_all_inside(extremes, v64[consistent[patch_of == q]]) for q in holders)
     mine = v64[consistent[patch_of == p]].reshape(-1, 3)
     extremes = mine[np.concatenate([mine.argmin(axis=0), mine.argmax(axis=0)])]
     for q in holders:
