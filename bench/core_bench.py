@@ -610,7 +610,7 @@ def raw_mesh_table(b: Bench) -> None:
          "on the pad-0 tensors: cuRobo v0.7.8 itself cannot be installed here.")
     emit(f"'{unclassified}': the same tensors passed as they are, not adopted (every mesh built elsewhere "
          "searched to max_dist + r + eta with Warp's sign); the other raw rows are adopted (robot_sdf.adopt_meshes).")
-    _classification_cost(b, meshes)
+    _adoption_cost(b, meshes)
     _other_surfaces_table(b)
 
 
@@ -679,7 +679,7 @@ def _time_worlds(b: Bench, worlds: dict, plain_spheres: np.ndarray, traj: np.nda
     return b.timed(cases, reps=3 if b.quick else 11, shuffle=True)
 
 
-def _classification_cost(b: Bench, meshes: list) -> None:
+def _adoption_cost(b: Bench, meshes: list) -> None:
     """What adoption costs: robot_sdf.adopt_meshes on raw tensors (ids read back, meshes
     classified, twins built) against one 1k-sphere plain fwd+bwd call on the adopted tensors."""
     adopting, steady = [], []
