@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warp as wp
 
+from robot_sdf.kernels.native import SLOT_HITS, mesh_faces_near
 from robot_sdf.kernels.sign_data import edge_normal, has_slivers, vertex_normal
 
 wp.set_module_options({"enable_backward": False})
@@ -125,6 +126,19 @@ def triangle_box_distance(mesh: wp.uint64, face: int, p: wp.vec3) -> float:
 
 
 @wp.func
+def closer_face(mesh: wp.uint64, p: wp.vec3, other: int, delta: wp.vec3, dist: float, feature: int,
+                face_n: wp.vec3, face: int, improved: bool):
+    """refine_closest's (delta, dist, feature, face_n) of triangle ``other`` and ``other`` itself
+    where it is strictly closer to p than ``dist`` (its box ruling most triangles out first), else
+    the closest so far; ``improved`` set when it is taken."""
+    if other != face and triangle_box_distance(mesh, other, p) < dist:
+        d2, l2, f2, n2 = refine_closest(mesh, p, other)
+        if l2 < dist:
+            return d2, l2, f2, n2, other, True
+    return delta, dist, feature, face_n, face, improved
+
+
+@wp.func
 def closest_feature(mesh: wp.uint64, p: wp.vec3, face: int, inside: float, data: int, pseudo: bool,
                     need: float = UNBOUNDED):
     """Exact closest point of p on the mesh given the triangle Warp's float32 search found:
@@ -147,27 +161,28 @@ def closest_feature(mesh: wp.uint64, p: wp.vec3, face: int, inside: float, data:
             # query (inside points pay anyway): there the box is centred on the point found, as
             # wide as the surface can be from it while at most SLIVER_PICK_ERROR nearer to p
             # (sqrt(2 dist e) + e on a plane; the closest point of a point that is not near a
-            # tie of distant features lies there).
+            # tie of distant features lies there). The candidates are listed by a traversal pruned
+            # by distance to p as well (mesh_faces_near): for a deep point the cube holds most of
+            # the mesh, the ball of radius dist only the triangles near its closest points.
             box_centre = p
             half = dist + 1.0e-6
             if dist >= SLIVER_REACH and inside >= 0.0:
                 box_centre = p - delta
                 half = wp.sqrt(2.0 * dist * SLIVER_PICK_ERROR) + SLIVER_PICK_ERROR
             reach = wp.vec3(half, half, half)
-            query = wp.mesh_query_aabb(mesh, box_centre - reach, box_centre + reach)
-            other = int(0)
+            near = mesh_faces_near(mesh, p, dist, box_centre - reach, box_centre + reach)
             improved = bool(False)
-            while wp.mesh_query_aabb_next(query, other):
-                # The box holds many triangles for a deep point: most are ruled out by their boxes.
-                if other != face and triangle_box_distance(mesh, other, p) < dist:
-                    d2, l2, f2, n2 = refine_closest(mesh, p, other)
-                    if l2 < dist:
-                        delta = d2
-                        dist = l2
-                        feature = f2
-                        face_n = n2
-                        face = other
-                        improved = True
+            if near[32] <= SLOT_HITS:
+                for k in range(near[32]):
+                    delta, dist, feature, face_n, face, improved = closer_face(
+                        mesh, p, near[k], delta, dist, feature, face_n, face, improved)
+            else:
+                # More candidates than listed: every triangle whose box overlaps the cube.
+                query = wp.mesh_query_aabb(mesh, box_centre - reach, box_centre + reach)
+                other = int(0)
+                while wp.mesh_query_aabb_next(query, other):
+                    delta, dist, feature, face_n, face, improved = closer_face(
+                        mesh, p, other, delta, dist, feature, face_n, face, improved)
             if improved:
                 outward = face_n
                 if pseudo:

@@ -114,6 +114,61 @@ def slot_bvh_hits(id: wp.uint64, lower: wp.vec3, upper: wp.vec3) -> slot_hits_t:
     ...
 
 
+# ------------------------------------------------------------------ sliver re-search
+@wp.func_native("""
+wp::vec_t<33, int> out;
+const wp::Mesh m = wp::mesh_get(mesh);
+// float32 box distances against a radius grown for rounding: the caller re-tests every face
+// with its own bound, so a loose radius only lists a few more.
+const float reach_sq = radius * radius * 1.0002f + 1.0e-12f;
+int stack[BVH_QUERY_STACK_SIZE];
+stack[0] = *m.bvh.root;
+int count = 1;
+int n = 0;
+while (count) {
+    const int node = stack[--count];
+    const wp::BVHPackedNodeHalf nl = m.bvh.node_lowers[node];
+    const wp::BVHPackedNodeHalf nu = m.bvh.node_uppers[node];
+    if (nl.x > upper[0] || nl.y > upper[1] || nl.z > upper[2] || nu.x < lower[0] || nu.y < lower[1] || nu.z < lower[2])
+        continue;
+    if (wp::distance_to_aabb_sq(p, wp::vec3(nl.x, nl.y, nl.z), wp::vec3(nu.x, nu.y, nu.z)) >= reach_sq)
+        continue;
+    if (nl.b) {
+        for (int prim = (int)nl.i; prim < (int)nu.i; ++prim) {
+            const int tri = m.bvh.primitive_indices[prim];
+            const wp::vec3 a = m.points[m.indices[tri * 3 + 0]];
+            const wp::vec3 b = m.points[m.indices[tri * 3 + 1]];
+            const wp::vec3 c = m.points[m.indices[tri * 3 + 2]];
+            const wp::vec3 lo = wp::min(wp::min(a, b), c);
+            const wp::vec3 hi = wp::max(wp::max(a, b), c);
+            if (lo[0] > upper[0] || lo[1] > upper[1] || lo[2] > upper[2] || hi[0] < lower[0] || hi[1] < lower[1] || hi[2] < lower[2])
+                continue;
+            if (wp::distance_to_aabb_sq(p, lo, hi) >= reach_sq)
+                continue;
+            if (n < 32)
+                out[n] = tri;
+            ++n;
+        }
+        if (n > 32)
+            break;  // more than fit: the caller enumerates the box instead
+    } else if (count + 2 > BVH_QUERY_STACK_SIZE) {
+        n = 33;
+        break;
+    } else {
+        stack[count++] = (int)nl.i;
+        stack[count++] = (int)nu.i;
+    }
+}
+out[32] = n;
+return out;""")
+def mesh_faces_near(mesh: wp.uint64, p: wp.vec3, radius: float, lower: wp.vec3, upper: wp.vec3) -> slot_hits_t:
+    """Triangles of the mesh whose bounding boxes overlap [lower, upper] and come within about
+    ``radius`` of p (float32, a relative 2e-4 of slack): entries 0..min(n, 32)-1, n in entry 32
+    (n > 32: more than fit, or a tree deeper than the stack). A sphere-pruned traversal: far fewer
+    nodes than the box query of the same cube where the box is wide (a point deep inside)."""
+    ...
+
+
 # ----------------------------------------------------------- swept samples: shared traversals
 # Samples searched with the centre in one BVH traversal by mesh_closest_points: both sides of
 # sweep_steps up to 7 at once; beyond that, 15 at a time per side.
