@@ -14,7 +14,7 @@ from robot_sdf.kernels.closest_point import SLIVER_PICK_ERROR, UNBOUNDED, closes
 from robot_sdf.kernels.native import mesh_average_edge_length, mesh_box_distance_sq
 from robot_sdf.kernels.sign_data import (SIGN_AUTO, SIGN_DEFAULT, SIGN_NORMAL, SIGN_WINDING_NUMBER, box_lower,
                                          box_upper, has_slivers, is_closed, is_solid, recorded_method,
-                                         sign_data_offset, supports_winding)
+                                         sign_data_offset, supports_winding, winding_radius)
 from robot_sdf.kernels.winding import open_winding_outside, winding_inside
 
 wp.set_module_options({"enable_backward": False})
@@ -76,6 +76,21 @@ def mesh_sign_method(mesh: wp.uint64, sign_method: int):
             # 0 or 1, and the pseudo-normal sign equals it at any distance (and is cheaper).
             method = SIGN_NORMAL
     return data, method
+
+
+@wp.func
+def out_of_reach(mesh: wp.uint64, data: int, p: wp.vec3, reach: float) -> bool:
+    """Whether no surface point and no inside point of the mesh lies within ``reach`` of mesh-frame
+    p, by the mesh's own bounds (``data``: its sign_data_offset): for a slot whose cull radius is
+    unknown (0: meshes built elsewhere, adopted or not). The sign data's box bounds a closed
+    surface and everything inside it, the winding radius the inside of an open one; without sign
+    data, inside is only ever found in the box of the BVH's root (mesh_signed_distance)."""
+    if data >= 0:
+        gap = wp.max(wp.max(box_lower(mesh, data) - p, p - box_upper(mesh, data)), wp.vec3(0.0, 0.0, 0.0))
+        if wp.length(gap) <= reach:
+            return False
+        return is_closed(mesh, data) or wp.length(p) > winding_radius(mesh, data) + reach
+    return mesh_box_distance_sq(mesh, p) > reach * reach
 
 
 @wp.func
@@ -142,6 +157,8 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     if bounding_radius > 0.0 and centre_dist > bounding_radius + bound:
         return found, sd, grad
     data, method = mesh_sign_method(mesh, sign_method)
+    if bounding_radius <= 0.0 and out_of_reach(mesh, data, p, bound):
+        return found, sd, grad
     pseudo = method == SIGN_NORMAL and data >= 0
     # The winding-number method of robot_sdf's sign data (the mesh supports winding numbers:
     # checked by mesh_sign_method).
