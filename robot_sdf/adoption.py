@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import warp as wp
 
-from robot_sdf import mesh_analysis
+from robot_sdf import face_winding, mesh_analysis
 from robot_sdf.kernels.sign_data import ROW_AREA, extra_row
 from robot_sdf.types import SignMethod
 from robot_sdf.launch import warp_device
@@ -123,6 +123,7 @@ class Twin:
                     arrays = self._device_arrays(points, triangles, data)
                     mesh = wp.Mesh(points=arrays[0], indices=arrays[1], velocities=arrays[2],
                                    support_winding_number=True)
+                    face_winding.write_face_rows(mesh, arrays[2], points, topology)
                     if not self.device.is_cpu:
                         # The BVH is built on Warp's stream, the kernels run on torch's: wait
                         # (the shells' BVH is waited for by the self-intersection count).

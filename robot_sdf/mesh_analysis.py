@@ -39,7 +39,7 @@ import warp as wp
 
 from robot_sdf.kernels.sign_data import (RIM_CHUNKS, RIM_LENGTH, RIM_LOWER, RIM_ROWS_PER_CHUNK, RIM_UPPER,
                                          ROW_AREA, ROW_BOUNDS, ROW_BOX_LOWER, ROW_BOX_UPPER, ROW_MARKER,
-                                         SIGN_DATA_EXTRA, SIGN_DATA_MAGIC, sign_data_offset)
+                                         SIGN_DATA_EXTRA, SIGN_DATA_MAGIC, row_count, sign_data_offset)
 from robot_sdf.types import SignMethod
 
 # Build-time analysis differentiates nothing: no adjoint kernels (half the compile).
@@ -140,9 +140,8 @@ class SignTopology:
 
     @property
     def rows(self) -> int:
-        """Rows of the sign data: V + 3T + 3K + 5 (robot_sdf.kernels.sign_data)."""
-        return (self.welded.shape[0] + 3 * self.triangles.shape[0] + RIM_ROWS_PER_CHUNK * self.rim_chunks
-                + SIGN_DATA_EXTRA)
+        """Rows of the sign data: V + 4T + 3K + 5 (robot_sdf.kernels.sign_data)."""
+        return row_count(self.welded.shape[0], self.triangles.shape[0], self.rim_chunks)
 
 
 def _rim_chunk_order(midpoints: np.ndarray, chunks: int) -> tuple[np.ndarray, np.ndarray]:
@@ -427,6 +426,11 @@ def write_sign_extras_kernel(
 
 
 @wp.kernel
+def clear_rows_kernel(first: int, out: wp.array(dtype=wp.vec3)):
+    out[first + wp.tid()] = wp.vec3(0.0, 0.0, 0.0)
+
+
+@wp.kernel
 def centre_points_kernel(raw: wp.array(dtype=wp.vec3), centre: wp.vec3d, points: wp.array(dtype=wp.vec3)):
     centre_point(wp.tid(), raw, centre, points)
 
@@ -462,9 +466,12 @@ def sign_data_serial_kernel(
     n_triangles = triangles.shape[0] // 3
     for f in range(n_triangles):
         accumulate_face_normal(f, points, triangles, welded_corner, edge_of_corner, vertex_sum, edge_sum, stats)
-    first = points.shape[0] + 3 * n_triangles
-    for i in range(first):
+    normals = points.shape[0] + 3 * n_triangles
+    for i in range(normals):
         write_pseudo_normal(i, points, welded, edge_of_corner, vertex_sum, edge_sum, stats, box, out)
+    for f in range(n_triangles):
+        out[normals + f] = wp.vec3(0.0, 0.0, 0.0)  # face rows: nothing settled (face_winding)
+    first = normals + n_triangles
     rim_chunks = rim_start.shape[0] - 1
     for c in range(rim_chunks):
         write_rim_chunk(c, points, rim_ends, rim_multiplicity, rim_start, first, out)
@@ -501,7 +508,7 @@ class SignDataWriter:
     def write(self, raw: wp.array, centre, points: wp.array, out: wp.array, winding_number: bool,
               method: SignMethod) -> tuple[float, float]:
         """Kernel-frame points ``raw - centre`` into ``points`` (V,) vec3 and their sign data into
-        ``out`` (V + 3T + 3K + 5,) vec3, all on the writer's device (``raw`` (V,) vec3 mesh-frame
+        ``out`` (V + 4T + 3K + 5,) vec3, all on the writer's device (``raw`` (V,) vec3 mesh-frame
         vertices, ``centre`` (3,) the geometry's centre [m]); returns (bounding radius, winding
         radius) [m] about the kernel-frame origin (read back: on CUDA this waits for Warp's
         stream, not the device)."""
@@ -524,7 +531,10 @@ class SignDataWriter:
             wp.launch(write_pseudo_normals_kernel, dim=n_vertices + 3 * n_triangles,
                       inputs=[points, self._welded, self._edge_of_corner, self._vertex_sum, self._edge_sum,
                               self._stats, self._box, out], device=dev)
-            first_rim = n_vertices + 3 * n_triangles
+            face_rows = n_vertices + 3 * n_triangles
+            if n_triangles:
+                wp.launch(clear_rows_kernel, dim=n_triangles, inputs=[face_rows, out], device=dev)
+            first_rim = face_rows + n_triangles
             if t.rim_chunks:
                 wp.launch(write_rim_chunks_kernel, dim=t.rim_chunks,
                           inputs=[points, self._rim_ends, self._rim_multiplicity, self._rim_start, first_rim, out],
@@ -539,7 +549,7 @@ class SignDataWriter:
 
 def sign_data(vertices: np.ndarray, triangles: np.ndarray, winding_number: bool, method: SignMethod,
               welded: np.ndarray | None = None, topology: SignTopology | None = None) -> np.ndarray:
-    """The (V + 3T + 3K + 5, 3) float32 array of robot_sdf.kernels.sign_data, for vertices given
+    """The (V + 4T + 3K + 5, 3) float32 array of robot_sdf.kernels.sign_data, for vertices given
     in the kernel frame (computed on the CPU). ``topology``: sign_topology(triangles, welded),
     when already known.
 

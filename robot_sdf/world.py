@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import warp as wp
 
-from robot_sdf import cost, geometry, mesh_analysis
+from robot_sdf import cost, face_winding, geometry, mesh_analysis
 from robot_sdf.slot_index import SlotIndex
 from robot_sdf.types import POSE_INVERSE_SIZE, SignMethod, WorldSnapshot
 from robot_sdf.kernels.sign_data import ROW_AREA, ROW_BOUNDS, ROW_MARKER, extra_row
@@ -129,6 +129,9 @@ class _Geometry:
             mesh = wp.Mesh(points=self.points, indices=self.indices, velocities=self.velocities,
                            support_winding_number=self.winding_number)
         self.mesh = mesh
+        if self.winding_number and not self.closed_shell:
+            # Where the sign may come from the closest feature (a refit clears these rows).
+            face_winding.write_face_rows(mesh, self.velocities, centred, self.sign_topology)
         register_mesh(self.mesh.id, self.winding_number)
         self.users = 0
         # Device arrays of the topology and scratch sums, made at the first refit and kept.

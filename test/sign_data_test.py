@@ -24,7 +24,7 @@ FACTS = 12  # scalars per mesh read by _facts_kernel
 @wp.kernel
 def _facts_kernel(mesh: wp.uint64, facts: wp.array(dtype=float), boxes: wp.array(dtype=wp.vec3),
                   rims: wp.array(dtype=wp.vec3), vertex_normals: wp.array(dtype=wp.vec3),
-                  edge_normals: wp.array(dtype=wp.vec3)):
+                  edge_normals: wp.array(dtype=wp.vec3), face_rows: wp.array(dtype=wp.vec3)):
     data = sign_data.sign_data_offset(mesh)
     facts[0] = float(data)
     if data < 0:
@@ -51,13 +51,15 @@ def _facts_kernel(mesh: wp.uint64, facts: wp.array(dtype=float), boxes: wp.array
     for f in range(m.indices.shape[0] // 3):
         for k in range(3):
             edge_normals[3 * f + k] = sign_data.edge_normal(mesh, f, k)
+        face_rows[f] = sign_data.face_winding(mesh, f)
 
 
 def _read(mesh: wp.Mesh, n_vertices: int, n_triangles: int) -> dict:
     out = dict(facts=wp.zeros(FACTS, dtype=float, device="cpu"), boxes=wp.zeros(2, dtype=wp.vec3, device="cpu"),
                rims=wp.zeros(3 * sign_data.RIM_CHUNKS, dtype=wp.vec3, device="cpu"),
                vertex_normals=wp.zeros(n_vertices, dtype=wp.vec3, device="cpu"),
-               edge_normals=wp.zeros(3 * n_triangles, dtype=wp.vec3, device="cpu"))
+               edge_normals=wp.zeros(3 * n_triangles, dtype=wp.vec3, device="cpu"),
+               face_rows=wp.zeros(n_triangles, dtype=wp.vec3, device="cpu"))
     wp.launch(_facts_kernel, 1, [mesh.id, *out.values()], device="cpu")
     return {k: v.numpy() for k, v in out.items()}
 
@@ -81,9 +83,10 @@ def test_accessors_read_the_rows_mesh_analysis_writes(name, winding, method):
     rows[-1, 1] = 1.0  # the solid flag, which the owner of the mesh sets (MeshWorld, adoption)
     got = _read(_mesh(v, t, rows), len(v), len(t))
     n_v, n_t = len(v), len(t)
-    # The documented layout: V + 3T + 3K + 5 rows, the mesh's box at B = V + 3T + 3K.
-    k = (len(rows) - n_v - 3 * n_t - 5) // 3
-    b = n_v + 3 * n_t + 3 * k
+    # The documented layout: V + 4T + 3K + 5 rows, the mesh's box at B = V + 4T + 3K.
+    k = (len(rows) - n_v - 4 * n_t - 5) // 3
+    b = n_v + 4 * n_t + 3 * k
+    assert sign_data.row_count(n_v, n_t, k) == len(rows) and sign_data.face_rows_start(n_v, n_t) == n_v + 3 * n_t
     assert len(rows) == b + 5 and 0 <= k <= 16
     facts, boxes = got["facts"], got["boxes"]
     assert facts[0] == b
@@ -102,7 +105,7 @@ def test_accessors_read_the_rows_mesh_analysis_writes(name, winding, method):
     np.testing.assert_allclose(facts[6], 0.5 * area2.sum(), rtol=1e-5)
     assert facts[8] == k and (k == 0) == closed
     rims = got["rims"][:3 * k]
-    np.testing.assert_array_equal(rims, rows[n_v + 3 * n_t:b])
+    np.testing.assert_array_equal(rims, rows[n_v + 4 * n_t:b])
     if not closed:
         # The open cup's rim: the four top edges of a 0.2 m box, in chunks whose boxes hold them.
         np.testing.assert_allclose(rims[2::3, 0].sum(), 0.8, rtol=1e-5)
@@ -110,6 +113,9 @@ def test_accessors_read_the_rows_mesh_analysis_writes(name, winding, method):
         assert np.all(rims[1::3, 2] == top) and np.all(rims[0::3, 2] == top)
     np.testing.assert_array_equal(got["vertex_normals"], rows[:n_v])
     np.testing.assert_array_equal(got["edge_normals"], rows[n_v:n_v + 3 * n_t])
+    # Face rows: written by the mesh's owner (robot_sdf.face_winding); the writer leaves them 0.
+    np.testing.assert_array_equal(got["face_rows"], rows[n_v + 3 * n_t:n_v + 4 * n_t])
+    assert not rows[n_v + 3 * n_t:n_v + 4 * n_t].any()
     used = np.unique(t)
     np.testing.assert_allclose(np.linalg.norm(got["vertex_normals"][used], axis=1), 1.0, rtol=1e-5)
 

@@ -141,9 +141,18 @@ def closer_face(mesh: wp.uint64, p: wp.vec3, other: int, delta: wp.vec3, dist: f
 @wp.func
 def closest_feature(mesh: wp.uint64, p: wp.vec3, face: int, inside: float, data: int, pseudo: bool,
                     need: float = UNBOUNDED):
+    """closest_feature_face without the face."""
+    delta, dist, inside_out, outward, closest = closest_feature_face(mesh, p, face, inside, data, pseudo, need)
+    return delta, dist, inside_out, outward
+
+
+@wp.func
+def closest_feature_face(mesh: wp.uint64, p: wp.vec3, face: int, inside: float, data: int, pseudo: bool,
+                         need: float = UNBOUNDED):
     """Exact closest point of p on the mesh given the triangle Warp's float32 search found:
     (p - closest point, its length, inside < 0 (recomputed from the pseudo-normal when
-    ``pseudo``), outward direction for a point on the surface). ``data``: the mesh's
+    ``pseudo``), outward direction for a point on the surface, the triangle holding the closest
+    point). ``data``: the mesh's
     sign_data_offset (-1 without sign data: no re-search). ``need`` (m): an outside result at
     least this far needs no exact distance (its cost is 0): on a mesh with slivers it is not
     searched again once the triangle found is SLIVER_PICK_ERROR beyond it (the closest one is
@@ -188,7 +197,7 @@ def closest_feature(mesh: wp.uint64, p: wp.vec3, face: int, inside: float, data:
                 if pseudo:
                     outward = feature_normal(mesh, face, feature, face_n)
                     inside = wp.where(wp.dot(delta, outward) < 0.0, -1.0, 1.0)
-    return delta, dist, inside, outward
+    return delta, dist, inside, outward, face
 
 
 @wp.func

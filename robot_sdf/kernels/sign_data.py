@@ -6,14 +6,18 @@ a row's meaning is stated once. Warp reads ``velocities`` only in ``mesh_eval_ve
 robot_sdf never calls, so a kernel holding nothing but the mesh id can reach the data.
 
 Layout (vec3 rows, kernel frame) for V vertices, T triangles and K rim chunks (K <= RIM_CHUNKS),
-with B = V + 3T + 3K the row of the mesh's box (``data`` in the accessors, from sign_data_offset)::
+with B = V + 4T + 3K the row of the mesh's box (``data`` in the accessors, from sign_data_offset)::
 
     [0, V)              angle-weighted pseudo-normal of each vertex (unit; zero if unused)
     [V, V + 3T)         pseudo-normal of edge k of triangle f at V + 3 f + k; edge k joins corners
                         k and (k + 1) % 3 (normalised sum of the normals of the triangles on it)
-    V + 3T + 3c + RIM_LOWER   lower corner of the box of rim chunk c, c < K
-    V + 3T + 3c + RIM_UPPER   upper corner
-    V + 3T + 3c + RIM_LENGTH  (length of the chunk's rim edges, each times its multiplicity, 0, 0)
+    [V + 3T, V + 4T)    face row of triangle f at V + 3T + f: (winding number on its outer side,
+                        distance from its centroid to its farthest corner, 1 where the sign may be
+                        taken from the closest feature) (robot_sdf.face_winding; all 0, nothing
+                        settled, until the owner writes them, and again after a refit)
+    V + 4T + 3c + RIM_LOWER   lower corner of the box of rim chunk c, c < K
+    V + 4T + 3c + RIM_UPPER   upper corner
+    V + 4T + 3c + RIM_LENGTH  (length of the chunk's rim edges, each times its multiplicity, 0, 0)
     B + ROW_BOX_LOWER   lower corner of the mesh's axis-aligned bounding box
     B + ROW_BOX_UPPER   upper corner
     B + ROW_MARKER      (SIGN_DATA_MAGIC, winding-number support 0/1, the mesh's own SignMethod)
@@ -27,7 +31,7 @@ with B = V + 3T + 3K the row of the mesh's box (``data`` in the accessors, from 
 The rim, the winding radius and the inside tests they allow are explained in
 robot_sdf.mesh_analysis's docstring and docs/design.md ("Sign-data layout").
 
-A mesh carries sign data when its ``velocities`` array has exactly V + 3T + 3K + SIGN_DATA_EXTRA
+A mesh carries sign data when its ``velocities`` array has exactly V + 4T + 3K + SIGN_DATA_EXTRA
 rows (K read from row B + ROW_AREA) and row B + ROW_MARKER starts with SIGN_DATA_MAGIC; any other
 mesh was built elsewhere (sign_data_offset returns -1) and gets Warp's own sign queries.
 """
@@ -69,6 +73,18 @@ def extra_row(row: int) -> int:
     """Index of extra ``row`` (ROW_*) counted from the end of a host (rows, 3) sign-data array."""
     return int(row) - int(SIGN_DATA_EXTRA)
 
+
+def face_rows_start(n_vertices: int, n_triangles: int) -> int:
+    """Row of triangle 0's face row (V + 3T)."""
+    return int(n_vertices) + 3 * int(n_triangles)
+
+
+def row_count(n_vertices: int, n_triangles: int, rim_chunks: int) -> int:
+    """Rows of the sign data: V + 4T + 3K + SIGN_DATA_EXTRA."""
+    return face_rows_start(n_vertices, n_triangles) + int(n_triangles) + int(RIM_ROWS_PER_CHUNK) * int(rim_chunks) \
+        + int(SIGN_DATA_EXTRA)
+
+
 # Rows of a rim chunk, relative to its first row.
 RIM_LOWER = wp.constant(0)
 RIM_UPPER = wp.constant(1)
@@ -81,12 +97,13 @@ def sign_data_offset(mesh: wp.uint64) -> int:
     own sign queries are used)."""
     m = wp.mesh_get(mesh)
     base = m.velocities.shape[0] - SIGN_DATA_EXTRA
-    normals = m.points.shape[0] + m.indices.shape[0]
-    if base < normals:
+    # Vertex, edge and face rows: V + 3T + T (indices holds 3T entries).
+    per_element = m.points.shape[0] + m.indices.shape[0] + m.indices.shape[0] / 3
+    if base < per_element:
         return -1
     if m.velocities[base + ROW_MARKER][0] != SIGN_DATA_MAGIC:
         return -1
-    if base != normals + RIM_ROWS_PER_CHUNK * int(m.velocities[base + ROW_AREA][2]):
+    if base != per_element + RIM_ROWS_PER_CHUNK * int(m.velocities[base + ROW_AREA][2]):
         return -1
     return base
 
@@ -186,6 +203,15 @@ def rim_chunk_length(mesh: wp.uint64, row: int) -> float:
 def vertex_normal(mesh: wp.uint64, vertex: int) -> wp.vec3:
     """Angle-weighted pseudo-normal of a vertex (unit)."""
     return wp.mesh_get(mesh).velocities[vertex]
+
+
+@wp.func
+def face_winding(mesh: wp.uint64, face: int) -> wp.vec3:
+    """Face row of triangle ``face``: (winding number on its outer side, distance (m) from its
+    centroid to its farthest corner, 1 where the sign may be taken from the closest feature
+    (robot_sdf.face_winding), else 0)."""
+    m = wp.mesh_get(mesh)
+    return m.velocities[m.points.shape[0] + m.indices.shape[0] + face]
 
 
 @wp.func

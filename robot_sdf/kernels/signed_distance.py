@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import warp as wp
 
-from robot_sdf.kernels.closest_point import SLIVER_PICK_ERROR, UNBOUNDED, closest_feature, signed_result
+from robot_sdf.kernels.closest_point import (SLIVER_PICK_ERROR, UNBOUNDED, closest_feature, closest_feature_face,
+                                             signed_result)
 from robot_sdf.kernels.native import mesh_average_edge_length, mesh_box_distance_sq
 from robot_sdf.kernels.sign_data import (SIGN_AUTO, SIGN_DEFAULT, SIGN_NORMAL, SIGN_WINDING_NUMBER, box_lower,
                                          box_upper, has_slivers, is_closed, is_solid, recorded_method,
                                          sign_data_offset, supports_winding, winding_radius)
-from robot_sdf.kernels.winding import open_winding_outside, winding_inside
+from robot_sdf.kernels.winding import open_winding_outside, settled_winding_inside, winding_inside
 
 wp.set_module_options({"enable_backward": False})
 
@@ -127,6 +128,28 @@ def closed_inside_bound(mesh: wp.uint64, p: wp.vec3) -> float:
 
 
 @wp.func
+def ray_winding_inside(mesh: wp.uint64, data: int, p: wp.vec3) -> int:
+    """The winding-number verdict of mesh-frame p (1 inside, 0 outside) from the first triangle a
+    ray from p meets, where its face row settles it (settled_winding_inside: nothing lies between
+    p and the hit, whose side the ray's direction tells); -1 where it does not. A ray that meets
+    nothing leaves a closed surface's winding number 0."""
+    t_hit = float(0.0)
+    bu = float(0.0)
+    bv = float(0.0)
+    ray_sign = float(0.0)
+    ray_n = wp.vec3(0.0, 0.0, 0.0)
+    ray_face = int(0)
+    if not wp.mesh_query_ray(mesh, p, INSIDE_RAY, UNBOUNDED, t_hit, bu, bv, ray_sign, ray_n, ray_face):
+        if is_closed(mesh, data):
+            return 0
+        return -1
+    facing = wp.dot(INSIDE_RAY, ray_n)
+    if wp.abs(facing) < 1.0e-3:
+        return -1  # grazing: the side is not clear
+    return settled_winding_inside(mesh, data, p, ray_face, t_hit, facing > 0.0)
+
+
+@wp.func
 def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_radius: float, sign_method: int,
                          need: float):
     """Signed distance of mesh-frame point p to one mesh, searched up to ``bound`` outside.
@@ -202,10 +225,13 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
             # tensors, whose bounding radius is often 0): its BVH's root box bounds it instead.
             return found, sd, grad
         deep = True
-    if winding:
-        if winding_inside(mesh, p):
+    if winding and deep:
+        verdict = ray_winding_inside(mesh, data, p)
+        if verdict < 0:
+            verdict = wp.where(winding_inside(mesh, p), 1, 0)
+        if verdict == 1:
             inside = -1.0
-        elif deep:
+        else:
             return found, sd, grad
     if deep:
         search = UNBOUNDED
@@ -225,7 +251,22 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
         if not hit:
             return found, sd, grad
 
-    delta, dist, inside, outward = closest_feature(mesh, p, face, inside, data, pseudo, need)
+    delta = wp.vec3(0.0, 0.0, 0.0)
+    dist = float(0.0)
+    outward = wp.vec3(0.0, 0.0, 0.0)
+    if winding and not deep:
+        # The sign from the face row of the closest point's triangle where it settles it
+        # (robot_sdf.face_winding), else from the winding number; every found point of a mesh
+        # with slivers is re-searched (the pseudo-normal side is not yet the sign).
+        closest = int(0)
+        side = float(0.0)
+        delta, dist, side, outward, closest = closest_feature_face(mesh, p, face, 1.0, data, True, UNBOUNDED)
+        verdict = settled_winding_inside(mesh, data, p, closest, dist, side < 0.0)
+        if verdict < 0:
+            verdict = wp.where(winding_inside(mesh, p), 1, 0)
+        inside = wp.where(verdict == 1, -1.0, 1.0)
+    else:
+        delta, dist, inside, outward = closest_feature(mesh, p, face, inside, data, pseudo, need)
     if deep and inside >= 0.0:
         return found, sd, grad
     found = 1

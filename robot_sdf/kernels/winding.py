@@ -14,8 +14,9 @@ import warp as wp
 
 from robot_sdf.kernels.closest_point import UNBOUNDED
 from robot_sdf.kernels.native import mesh_winding_numbers, winding_number
-from robot_sdf.kernels.sign_data import (box_lower, box_upper, rim_chunk_count, rim_chunk_length, rim_chunk_lower,
-                                         rim_chunk_row, rim_chunk_upper, surface_area, winding_radius)
+from robot_sdf.kernels.sign_data import (box_lower, box_upper, face_winding, rim_chunk_count, rim_chunk_length,
+                                         rim_chunk_lower, rim_chunk_row, rim_chunk_upper, surface_area,
+                                         winding_radius)
 
 wp.set_module_options({"enable_backward": False})
 
@@ -159,3 +160,31 @@ def rim_settled_lanes(n_prev: int, n_next: int, len_prev: float, len_next: float
                     + 2.0 * WINDING_APPROXIMATION_ERROR < clearance:
                 lanes = lanes | (1 << j)
     return lanes
+
+
+@wp.func
+def settled_winding_inside(mesh: wp.uint64, data: int, p: wp.vec3, face: int, dist: float, inner: bool) -> int:
+    """The winding-number verdict of mesh-frame p from the face row of ``face``, the triangle
+    holding p's closest surface point (at ``dist``; ``inner``: p is on the inner side of that
+    point's feature by its pseudo-normal): 1 inside, 0 outside, -1 where the row does not settle
+    it (robot_sdf.face_winding). The winding number is the face's outer one (+1 inner) up to what
+    the rim adds along the path from the face's centroid to c and on to p (rim_slope over
+    dist + the face's reach); the verdict stands where the margin to 1/2 exceeds that plus three
+    times WINDING_APPROXIMATION_ERROR (one for the row's own value, two as the swept samples'
+    shortcut allows): always on a closed surface."""
+    row = face_winding(mesh, face)
+    if row[2] == 0.0:
+        return -1
+    w = row[0] + wp.where(inner, 1.0, 0.0)
+    margin = 3.0 * WINDING_APPROXIMATION_ERROR
+    if rim_chunk_count(mesh, data) > 0:
+        reach = dist + row[1]
+        slope = rim_slope(mesh, data, p, reach)
+        if slope >= UNBOUNDED:
+            return -1
+        margin += slope * reach
+    if w - WINDING_THRESHOLD > margin:
+        return 1
+    if WINDING_THRESHOLD - w > margin:
+        return 0
+    return -1

@@ -1,0 +1,206 @@
+"""The winding number beside each face of a mesh in the winding regime: what lets the kernels take
+a sign from the closest feature instead of evaluating the winding number.
+
+For a point p whose closest surface point c lies on face f (found by the search), the segment from
+p to c crosses no surface, so the winding number w(p) is the winding number just off c on p's side
+plus what it gains along that segment. Where the surface around c is a clean oriented patch (every
+edge at f's corners used twice in opposite directions, one fan of faces around each corner, none
+of those faces crossed by another part of the mesh), p's side is the side the angle-weighted
+pseudo-normal of c's feature gives, and just off c the winding number is that of f's outer side,
+plus 1 on its inner side. Along f and along the segment it changes only through the rim: by at
+most rim_slope x the path (robot_sdf.kernels.winding). On a closed surface (no rim) it does not
+change at all, so the sign is exact; on an open one the verdict is kept where the margin to 1/2
+exceeds that bound plus the winding number's approximation error (kernels.signed_distance,
+``settled_winding_inside``).
+
+face_rows computes, per face, (w_out, reach, settled): the winding number on the outer side of
+the face (halfway between the values just off its centroid on either side, less 1/2; an integer
+on a closed surface), the distance from its centroid to its farthest corner, and 1 where the patch
+around the face is clean as above, else 0 (the kernels then evaluate the winding number). Rows for
+robot_sdf.kernels.sign_data (its face rows), kernel frame, metres.
+"""
+from __future__ import annotations
+
+import numpy as np
+import warp as wp
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
+from robot_sdf.kernels.native import winding_number
+from robot_sdf.kernels.sign_data import face_rows_start
+
+wp.set_module_options({"enable_backward": False})
+
+# Warp's default accuracy of the fast winding number (kernels.winding.WINDING_ACCURACY).
+ACCURACY = 2.0
+# Offset of the two evaluation points from a face's centroid, relative to the square root of its
+# area, and at least this absolute offset (m): close enough that no other surface lies between the
+# point and the face on any corpus mesh, far enough from the face's plane for float32.
+RELATIVE_OFFSET = 1.0e-3
+MIN_OFFSET = 1.0e-6
+# A face whose winding numbers on its two sides do not differ by 1 within this tolerance lies on
+# another surface (a duplicate, a reversed twin, an overlap): not settled.
+JUMP_TOLERANCE = 0.25
+
+
+@wp.kernel
+def _side_winding_kernel(mesh: wp.uint64, points: wp.array(dtype=wp.vec3), accuracy: float,
+                         out: wp.array(dtype=wp.float32)):
+    i = wp.tid()
+    out[i] = winding_number(mesh, points[i], accuracy)
+
+
+@wp.func
+def _segment_crosses(p: wp.vec3, q: wp.vec3, a: wp.vec3, b: wp.vec3, c: wp.vec3) -> bool:
+    """Whether the closed segment pq crosses triangle abc (not in its plane)."""
+    e1 = b - a
+    e2 = c - a
+    d = q - p
+    h = wp.cross(d, e2)
+    det = wp.dot(e1, h)
+    if wp.abs(det) <= 1.0e-7 * wp.length(e1) * wp.length(e2) * wp.length(d):
+        return False
+    inv = 1.0 / det
+    s = p - a
+    bu = inv * wp.dot(s, h)
+    qv = wp.cross(s, e1)
+    bv = inv * wp.dot(d, qv)
+    t = inv * wp.dot(e2, qv)
+    eps = float(1.0e-6)
+    return not (bu < -eps or bv < -eps or bu + bv > 1.0 + eps or t < -eps or t > 1.0 + eps)
+
+
+@wp.kernel
+def _crossed_faces_kernel(mesh: wp.uint64, edges: wp.array2d(dtype=wp.int32),
+                          welded_triangles: wp.array2d(dtype=wp.int32), crossed: wp.array(dtype=wp.int32),
+                          edge_crosses: wp.array(dtype=wp.int32)):
+    """Faces crossed by edge i (a segment between two corners), not counting faces that share a
+    welded vertex with it; edge_crosses[i] = 1 where it crosses any."""
+    i = wp.tid()
+    m = wp.mesh_get(mesh)
+    p = m.points[edges[i, 0]]
+    q = m.points[edges[i, 1]]
+    wu = edges[i, 2]
+    wv = edges[i, 3]
+    pad = wp.vec3(1.0e-6, 1.0e-6, 1.0e-6)
+    query = wp.mesh_query_aabb(mesh, wp.min(p, q) - pad, wp.max(p, q) + pad)
+    face = int(0)
+    while wp.mesh_query_aabb_next(query, face):
+        w0 = welded_triangles[face, 0]
+        w1 = welded_triangles[face, 1]
+        w2 = welded_triangles[face, 2]
+        if w0 == wu or w1 == wu or w2 == wu or w0 == wv or w1 == wv or w2 == wv:
+            continue
+        if _segment_crosses(p, q, m.points[m.indices[face * 3]], m.points[m.indices[face * 3 + 1]],
+                            m.points[m.indices[face * 3 + 2]]):
+            crossed[face] = 1
+            edge_crosses[i] = 1
+
+
+def face_rows(mesh: wp.Mesh, points: np.ndarray, welded_corner: np.ndarray, edge_of_corner: np.ndarray,
+              n_edges: int, closed: bool) -> np.ndarray:
+    """(T, 3) float32 rows (w_out, reach, settled) of the module docstring.
+
+    ``mesh``: the Warp mesh (built with winding-number support, kernel frame); ``points`` (V,3)
+    its vertices; ``welded_corner`` (3T,) welded vertex of corner k of face f at 3 f + k;
+    ``edge_of_corner`` (3T,) undirected welded edge (corners k, k + 1) of face f at 3 f + k, of
+    ``n_edges``; ``closed``: every welded edge is used as often in each direction (the winding
+    number is an integer off the surface)."""
+    device = mesh.points.device
+    v64 = np.asarray(points, np.float64).reshape(-1, 3)
+    tri = mesh.indices.numpy().reshape(-1, 3).astype(np.int64)
+    n_faces = tri.shape[0]
+    rows = np.zeros((n_faces, 3), np.float32)
+    if n_faces == 0:
+        return rows
+    corners = v64[tri]
+    centroid = corners.mean(axis=1)
+    reach = np.sqrt(((corners - centroid[:, None, :]) ** 2).sum(-1).max(axis=1))
+    rows[:, 1] = (reach * (1.0 + 1.0e-5) + 1.0e-7).astype(np.float32)
+    normal = np.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0])
+    area2 = np.linalg.norm(normal, axis=1)
+    longest2 = max(float((np.ptp(v64, axis=0) ** 2).sum()), 1.0e-30)
+    good = area2 > 1.0e-12 * longest2
+
+    # The winding number just off each centroid on both sides.
+    unit = np.zeros_like(normal)
+    unit[good] = normal[good] / area2[good, None]
+    offset = np.maximum(RELATIVE_OFFSET * np.sqrt(0.5 * area2), MIN_OFFSET)[:, None] * unit
+    probes = np.concatenate([centroid + offset, centroid - offset]).astype(np.float32)
+    values = wp.empty(probes.shape[0], dtype=wp.float32, device=device)
+    wp.launch(_side_winding_kernel, dim=probes.shape[0],
+              inputs=[mesh.id, wp.array(probes, dtype=wp.vec3, device=device), ACCURACY], outputs=[values],
+              device=device)
+    w = values.numpy().astype(np.float64)
+    outer, inner = w[:n_faces], w[n_faces:]
+    w_out = 0.5 * (outer + inner - 1.0)
+    good &= np.abs(inner - outer - 1.0) < JUMP_TOLERANCE
+    if closed:
+        w_out = np.round(w_out)
+
+    # Faces crossed by an edge of another part of the mesh, and the faces of the crossing edges.
+    wt = np.asarray(welded_corner, np.int64).reshape(-1, 3)
+    ends = np.stack([tri, np.roll(tri, -1, axis=1)], axis=-1).reshape(-1, 2)
+    edges = np.concatenate([ends, wt.reshape(-1)[:, None], np.roll(wt, -1, axis=1).reshape(-1)[:, None]], axis=1)
+    crossed = wp.zeros(n_faces, dtype=wp.int32, device=device)
+    edge_crosses = wp.zeros(edges.shape[0], dtype=wp.int32, device=device)
+    wp.launch(_crossed_faces_kernel, dim=edges.shape[0],
+              inputs=[mesh.id, wp.array(edges.astype(np.int32), dtype=wp.int32, device=device),
+                      wp.array(wt.astype(np.int32), dtype=wp.int32, device=device)],
+              outputs=[crossed, edge_crosses], device=device)
+    good &= crossed.numpy() == 0
+    good &= edge_crosses.numpy().reshape(-1, 3).max(axis=1) == 0
+
+    # Edges used exactly twice, in opposite directions (collapsed edges count as bad).
+    edge = np.asarray(edge_of_corner, np.int64)
+    direction = np.sign(np.roll(wt, -1, axis=1) - wt).reshape(-1)
+    uses = np.bincount(edge, minlength=n_edges)
+    balance = np.bincount(edge, weights=direction.astype(np.float64), minlength=n_edges)
+    collapsed = np.bincount(edge, weights=(direction == 0).astype(np.float64), minlength=n_edges)
+    clean_edge = (uses == 2) & (balance == 0) & (collapsed == 0)
+
+    # One fan of faces around each welded vertex: corners joined across their clean edges.
+    n_vertices = int(wt.max()) + 1
+    corner_vertex = wt.reshape(-1)
+    pair = np.flatnonzero(clean_edge[edge])  # corners whose edge (k, k + 1) is clean
+    order = np.argsort(edge[pair], kind="stable")
+    first, second = pair[order[0::2]], pair[order[1::2]]
+    # Corner k of face f and corner k + 1: the edge's two ends on each of its two faces.
+    nxt = lambda c: 3 * (c // 3) + (c % 3 + 1) % 3  # noqa: E731
+    a1, b1, a2, b2 = first, nxt(first), second, nxt(second)
+    # The faces run the edge in opposite directions: a1 meets b2, b1 meets a2.
+    graph = coo_matrix((np.ones(2 * first.shape[0]), (np.concatenate([a1, b1]), np.concatenate([b2, a2]))),
+                       shape=(3 * n_faces, 3 * n_faces))
+    _, label = connected_components(graph, directed=False)
+    fans = np.zeros(n_vertices, np.int64)
+    vertex_label = np.unique(np.stack([corner_vertex, label], axis=1), axis=0)
+    np.add.at(fans, vertex_label[:, 0], 1)
+
+    # A vertex is clean when its one fan is made of good faces on clean edges with one w_out.
+    bad_vertex = fans != 1
+    edge_bad = ~clean_edge[edge]
+    np.logical_or.at(bad_vertex, corner_vertex, edge_bad)
+    np.logical_or.at(bad_vertex, np.roll(wt, -1, axis=1).reshape(-1), edge_bad)
+    np.logical_or.at(bad_vertex, corner_vertex, np.repeat(~good, 3))
+    lo = np.full(n_vertices, np.inf)
+    hi = np.full(n_vertices, -np.inf)
+    np.minimum.at(lo, corner_vertex, np.repeat(w_out, 3))
+    np.maximum.at(hi, corner_vertex, np.repeat(w_out, 3))
+    bad_vertex |= (hi - lo) > (0.0 if closed else JUMP_TOLERANCE)
+    settled = good & ~bad_vertex[wt].any(axis=1)
+    rows[:, 0] = w_out.astype(np.float32)
+    rows[:, 2] = settled.astype(np.float32)
+    return rows
+
+
+def write_face_rows(mesh: wp.Mesh, velocities: wp.array, points: np.ndarray, topology) -> np.ndarray:
+    """face_rows of ``mesh`` written into its sign data ``velocities`` (the array the mesh was
+    built with, robot_sdf.kernels.sign_data's face rows); ``topology``: the geometry's
+    mesh_analysis.SignTopology. Returns the rows."""
+    n_faces = mesh.indices.shape[0] // 3
+    rows = face_rows(mesh, points, topology.welded_corner, topology.edge_of_corner, topology.n_edges,
+                     topology.balanced)
+    if n_faces:
+        start = face_rows_start(mesh.points.shape[0], n_faces)
+        velocities[start:start + n_faces].assign(wp.array(rows, dtype=wp.vec3, device=velocities.device))
+    return rows
