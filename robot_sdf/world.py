@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import warp as wp
 
-from robot_sdf import cost, geometry, mesh_analysis
+from robot_sdf import cost, geometry, mesh_analysis, mesh_classification, mesh_orientation, mesh_topology
 from robot_sdf.slot_index import SlotIndex
 from robot_sdf.types import POSE_INVERSE_SIZE, SignMethod, WorldSnapshot
 from robot_sdf.kernels.sign_data import ROW_AREA, ROW_BOUNDS, ROW_MARKER, extra_row
@@ -74,14 +74,14 @@ class _Geometry:
         centred = self._centred(self.vertices)
         self.radius = geometry.bounding_radius(centred)
         self.requested = requested
-        self.classification: mesh_analysis.MeshClass | None = None
-        self.welded = mesh_analysis.weld(self.vertices)
+        self.classification: mesh_classification.MeshClass | None = None
+        self.welded = mesh_topology.weld(self.vertices)
         # Closed surfaces bound a solid whatever their winding: each edge-connected patch is
-        # oriented consistently, closed ones outward (mesh_analysis.orient_components), on this
+        # oriented consistently, closed ones outward (mesh_orientation.orient_components), on this
         # private copy, before the sign data and the classification see it.
         tri_in = np.asarray(triangles, np.int64)
-        facts = mesh_analysis.surface_facts(centred.astype(np.float64), tri_in, self.welded[tri_in])
-        self.triangles, self.orientation = mesh_analysis.orient_components(centred, tri_in, self.welded, facts)
+        facts = mesh_topology.surface_facts(centred.astype(np.float64), tri_in, self.welded[tri_in])
+        self.triangles, self.orientation = mesh_orientation.orient_components(centred, tri_in, self.welded, facts)
         self.triangles.setflags(write=False)
         # Rows reversed by the repair: the triangles as given are recoverable (same_triangles).
         self.reversed_rows = np.flatnonzero(np.any(self.triangles != tri_in, axis=1)) if self.orientation.faces_reversed \
@@ -106,7 +106,7 @@ class _Geometry:
             def factory() -> wp.Mesh:
                 return wp.Mesh(points=self.points, indices=self.indices, velocities=self.velocities)
 
-            classification, mesh = mesh_analysis.classify(centred, self.triangles, self.welded, factory, facts)
+            classification, mesh = mesh_classification.classify(centred, self.triangles, self.welded, factory, facts)
             if requested == SignMethod.AUTO:
                 self.classification = classification
                 method = classification.method
@@ -581,7 +581,7 @@ class MeshWorld:
     def mesh_info(self, name: str, env: int = 0) -> dict:
         """Facts about a mesh's geometry: sign_method (concrete), requested_sign_method, vertices,
         triangles, bounding_centre/bounding_radius (m, mesh frame), winding_number_support, and
-        orientation (what the add repaired, mesh_analysis.orient_components: components,
+        orientation (what the add repaired, mesh_orientation.orient_components: components,
         closed_components, non_orientable, components_reversed, faces_reversed, seconds), and
         for ``auto`` the classification (key "auto": reason, closed, consistently_oriented,
         shells, self_intersections, degenerate_triangles, volume, classify_seconds) of the
