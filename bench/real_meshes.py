@@ -31,7 +31,7 @@ import numpy as np
 SLIVER_ASPECT = 20.0
 # Above this aspect a triangle is a needle (height below 1e-3 of its longest edge).
 NEEDLE_ASPECT = 1000.0
-# Height / longest edge at or below which a triangle is flat (no surface): mesh_analysis.FLAT_RATIO.
+# Height / longest edge at or below which a triangle is flat (no surface): mesh_topology.FLAT_RATIO.
 FLAT_RATIO = 1e-6
 
 
@@ -167,7 +167,7 @@ class MeshFacts:
     used by more than two; closed: no open edge and every edge used as often in each direction
     (the integer-winding-number sense of closed); manifold: every edge used by exactly two
     triangles (what auto calls closed); self_intersections: edge-triangle crossings
-    between triangles that share no position (robot_sdf.mesh_analysis.count_self_intersections,
+    between triangles that share no position (robot_sdf.mesh_classification.count_self_intersections,
     on the triangles as loaded, for every mesh: auto only counts them for closed, oriented ones);
     auto: MeshWorld's choice for sign_method auto, solid: whether it classified the mesh as the
     boundary of a solid, reason: its reason, faces_reversed: triangles its orientation repair
@@ -240,16 +240,16 @@ def _shells(group_tri: np.ndarray, n: int) -> int:
 
 
 def self_intersections(vertices: np.ndarray, triangles: np.ndarray) -> int:
-    """Edge-triangle crossings of the mesh with itself (robot_sdf.mesh_analysis), CPU."""
+    """Edge-triangle crossings of the mesh with itself (robot_sdf.mesh_classification), CPU."""
     import warp as wp
 
-    from robot_sdf import mesh_analysis
+    from robot_sdf import mesh_classification, mesh_topology
 
     v = np.ascontiguousarray(vertices, np.float32)
     t = np.ascontiguousarray(triangles, np.int32)
     mesh = wp.Mesh(points=wp.array(v, dtype=wp.vec3, device="cpu"),
                    indices=wp.array(t.reshape(-1), dtype=wp.int32, device="cpu"))
-    return mesh_analysis.count_self_intersections(mesh, v, t, mesh_analysis.weld(v))
+    return mesh_classification.count_self_intersections(mesh, v, t, mesh_topology.weld(v))
 
 
 def auto_choice(vertices: np.ndarray, triangles: np.ndarray) -> dict:

@@ -7,7 +7,7 @@ elsewhere").
 Passed as they are, such meshes keep Warp's own signed query (searched out to
 max_dist + r + eta, as cuRobo does) plus robot_sdf's two corrections: nothing is read back or
 classified behind the caller's back. Adopted, each mesh's patches are oriented consistently
-(closed ones outward, mesh_analysis.orient_components, as MeshWorld does), then
+(closed ones outward, mesh_orientation.orient_components, as MeshWorld does), then
 - the boundary of a solid (closed, consistently oriented shells without self-intersections: one
   shell, separate bodies, cavities) gets a twin: a Warp mesh of the same points (same frame, same
   device) and the oriented triangles, carrying robot_sdf's sign data (pseudo-normals, the
@@ -37,7 +37,10 @@ import torch
 import warp as wp
 
 from robot_sdf import face_winding, mesh_analysis
-from robot_sdf.kernels.sign_data import ROW_AREA, extra_row
+from robot_sdf.kernels.sign_data import ROW_AREA, extra_row, sign_data_offset
+from robot_sdf.mesh_classification import classify
+from robot_sdf.mesh_orientation import orient_components
+from robot_sdf.mesh_topology import weld
 from robot_sdf.types import SignMethod
 from robot_sdf.launch import warp_device
 
@@ -54,7 +57,7 @@ _retired_lock = threading.Lock()
 class Twin:
     """What robot_sdf knows of one mesh content built elsewhere, on one device, and its twin: a
     Warp mesh of the same points in the same frame, with the triangles of each patch oriented
-    consistently (closed patches outward, mesh_analysis.orient_components, as MeshWorld stores
+    consistently (closed patches outward, mesh_orientation.orient_components, as MeshWorld stores
     them), carrying robot_sdf's sign data for the method ``auto`` chooses.
 
     ``closed_shell``: the oriented mesh bounds a solid: closed shells without self-intersections
@@ -86,7 +89,7 @@ class Twin:
             arrays[:] = self._device_arrays(points, triangles, data)
             return wp.Mesh(points=arrays[0], indices=arrays[1], velocities=arrays[2])
 
-        verdict, mesh = mesh_analysis.classify(points, triangles, welded, shell)
+        verdict, mesh = classify(points, triangles, welded, shell)
         self.closed_shell = verdict.solid and mesh is not None
         topology = None if self.closed_shell else mesh_analysis.sign_topology(triangles, welded, points)
         self.winding = topology is not None and topology.balanced
@@ -184,11 +187,11 @@ def analyse(points: np.ndarray, indices: np.ndarray, device) -> Twin | None:
     indices = np.ascontiguousarray(indices, np.int32).reshape(-1)
     if not _valid_triangles(points, indices):
         return None
-    welded = mesh_analysis.weld(points)
+    welded = weld(points)
     given = Twin(points, indices.reshape(-1, 3), welded, device)
     if given.closed_shell:
         return given  # a solid's boundary as given: orienting would reverse nothing
-    triangles, repair = mesh_analysis.orient_components(points, indices.reshape(-1, 3), welded)
+    triangles, repair = orient_components(points, indices.reshape(-1, 3), welded)
     if not repair.faces_reversed:
         return given
     return Twin(points, np.ascontiguousarray(triangles, np.int32), welded, device)
@@ -226,6 +229,51 @@ def _requested_methods(sign_method, shape: tuple, device: torch.device) -> np.nd
     return np.full(shape, int(SignMethod.parse(sign_method)), np.uint8)
 
 
+# Both kernels belong to the Warp module of every build-time kernel, robot_sdf.mesh_analysis's:
+# compiled and loaded with it, once per device (robot_sdf.launch.warp_device).
+@wp.kernel(module=mesh_analysis.__name__)
+def mesh_layout_kernel(ids: wp.array(dtype=wp.uint64), layout: wp.array2d(dtype=wp.int64)):
+    """Per Warp mesh id: point count, index count, offset of robot_sdf's sign data (-1: none)."""
+    i = wp.tid()
+    m = wp.mesh_get(ids[i])
+    layout[i, 0] = wp.int64(m.points.shape[0])
+    layout[i, 1] = wp.int64(m.indices.shape[0])
+    layout[i, 2] = wp.int64(sign_data_offset(ids[i]))
+
+
+@wp.kernel(module=mesh_analysis.__name__)
+def copy_mesh_kernel(mesh: wp.uint64, points: wp.array(dtype=wp.vec3), indices: wp.array(dtype=wp.int32)):
+    """The points and indices a Warp mesh was built from, read through its id."""
+    i = wp.tid()
+    m = wp.mesh_get(mesh)
+    if i < points.shape[0]:
+        points[i] = m.points[i]
+    if i < indices.shape[0]:
+        indices[i] = m.indices[i]
+
+
+def read_meshes(ids: np.ndarray, device) -> list[tuple[np.ndarray, np.ndarray] | None]:
+    """(points (V, 3) float32, flat indices (3T,) int32) of each Warp mesh id on ``device`` (a
+    Warp device), or None for a mesh that carries robot_sdf's sign data (MeshWorld built it).
+    The ids must be live meshes of that device: Warp reads whatever an id points at."""
+    if len(ids) == 0:
+        return []
+    id_array = wp.array(np.asarray(ids, np.uint64), dtype=wp.uint64, device=device)
+    layout = wp.zeros((len(ids), 3), dtype=wp.int64, device=device)
+    wp.launch(mesh_layout_kernel, dim=len(ids), inputs=[id_array], outputs=[layout], device=device)
+    out: list[tuple[np.ndarray, np.ndarray] | None] = []
+    for mesh_id, (n_points, n_indices, data) in zip(ids, layout.numpy()):
+        if data >= 0:
+            out.append(None)
+            continue
+        points = wp.empty(int(n_points), dtype=wp.vec3, device=device)
+        indices = wp.empty(int(n_indices), dtype=wp.int32, device=device)
+        wp.launch(copy_mesh_kernel, dim=int(max(n_points, n_indices, 1)), inputs=[wp.uint64(int(mesh_id))],
+                  outputs=[points, indices], device=device)
+        out.append((points.numpy(), indices.numpy()))
+    return out
+
+
 def adopt_meshes(mesh_idx: torch.Tensor, sign_method="auto", mesh_enable: torch.Tensor | None = None,
                  n_env_mesh: torch.Tensor | None = None) -> AdoptedMeshes:
     """Adopt the Warp meshes of a world's ``mesh_idx`` (n_env, m) int64 tensor (ids of meshes
@@ -253,7 +301,7 @@ def adopt_meshes(mesh_idx: torch.Tensor, sign_method="auto", mesh_enable: torch.
         counts = n_env_mesh.detach().reshape(-1).cpu().numpy().astype(np.int64)
         used &= np.arange(shape[1])[None, :] < counts[:, None]
     distinct = np.unique(ids[used]).tolist()
-    contents = mesh_analysis.read_meshes(np.array(distinct, np.int64).astype(np.uint64), wdev)
+    contents = read_meshes(np.array(distinct, np.int64).astype(np.uint64), wdev)
     own = {mesh_id for mesh_id, content in zip(distinct, contents) if content is None}
     twins = {mesh_id: analyse(*content, wdev) for mesh_id, content in zip(distinct, contents) if content is not None}
     out_ids, codes = ids.copy(), requested.copy()

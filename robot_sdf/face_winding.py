@@ -105,7 +105,11 @@ def face_rows(mesh: wp.Mesh, points: np.ndarray, welded_corner: np.ndarray, edge
     its vertices; ``welded_corner`` (3T,) welded vertex of corner k of face f at 3 f + k;
     ``edge_of_corner`` (3T,) undirected welded edge (corners k, k + 1) of face f at 3 f + k, of
     ``n_edges``; ``closed``: every welded edge is used as often in each direction (the winding
-    number is an integer off the surface)."""
+    number is an integer off the surface).
+
+    On a closed surface the outer winding number is the same on faces joined by a clean edge
+    (neither crossed), so it is evaluated at one face of each such patch; on an open one at
+    every face."""
     device = mesh.points.device
     v64 = np.asarray(points, np.float64).reshape(-1, 3)
     tri = mesh.indices.numpy().reshape(-1, 3).astype(np.int64)
@@ -121,24 +125,90 @@ def face_rows(mesh: wp.Mesh, points: np.ndarray, welded_corner: np.ndarray, edge
     area2 = np.linalg.norm(normal, axis=1)
     longest2 = max(float((np.ptp(v64, axis=0) ** 2).sum()), 1.0e-30)
     good = area2 > 1.0e-12 * longest2
+    good &= ~_crossed(mesh, tri, welded_corner)
 
-    # The winding number just off each centroid on both sides.
-    unit = np.zeros_like(normal)
-    unit[good] = normal[good] / area2[good, None]
-    offset = np.maximum(RELATIVE_OFFSET * np.sqrt(0.5 * area2), MIN_OFFSET)[:, None] * unit
-    probes = np.concatenate([centroid + offset, centroid - offset]).astype(np.float32)
-    values = wp.empty(probes.shape[0], dtype=wp.float32, device=device)
-    wp.launch(_side_winding_kernel, dim=probes.shape[0],
-              inputs=[mesh.id, wp.array(probes, dtype=wp.vec3, device=device), ACCURACY], outputs=[values],
-              device=device)
-    w = values.numpy().astype(np.float64)
-    outer, inner = w[:n_faces], w[n_faces:]
+    # Edges used exactly twice, in opposite directions (collapsed edges count as bad).
+    wt = np.asarray(welded_corner, np.int64).reshape(-1, 3)
+    edge = np.asarray(edge_of_corner, np.int64)
+    direction = np.sign(np.roll(wt, -1, axis=1) - wt).reshape(-1)
+    uses = np.bincount(edge, minlength=n_edges)
+    balance = np.bincount(edge, weights=direction.astype(np.float64), minlength=n_edges)
+    collapsed = np.bincount(edge, weights=(direction == 0).astype(np.float64), minlength=n_edges)
+    clean_edge = (uses == 2) & (balance == 0) & (collapsed == 0)
+    # The two corners of each clean edge: corner c runs it from its vertex to the next corner's.
+    pair = np.flatnonzero(clean_edge[edge])
+    order = np.argsort(edge[pair], kind="stable")
+    first, second = pair[order[0::2]], pair[order[1::2]]
+
+    # The winding number just off the centroid on both sides, of every face (open surface) or of
+    # one good face per patch of good faces joined by clean edges (closed surface).
+    if closed:
+        joined = good[first // 3] & good[second // 3]
+        patches = coo_matrix((np.ones(int(joined.sum())), (first[joined] // 3, second[joined] // 3)),
+                             shape=(n_faces, n_faces))
+        patch = connected_components(patches, directed=False)[1]
+        by_area = np.lexsort((-area2, patch))  # within each patch, the largest face first
+        leaders = by_area[np.r_[True, patch[by_area[1:]] != patch[by_area[:-1]]]]
+        probe_faces = leaders[good[leaders]]
+    else:
+        patch = np.arange(n_faces)
+        probe_faces = np.flatnonzero(good)
+    unit = normal[probe_faces] / area2[probe_faces, None]
+    offset = np.maximum(RELATIVE_OFFSET * np.sqrt(0.5 * area2[probe_faces]), MIN_OFFSET)[:, None] * unit
+    probes = np.concatenate([centroid[probe_faces] + offset, centroid[probe_faces] - offset]).astype(np.float32)
+    outer = np.zeros(n_faces)
+    inner = np.zeros(n_faces)
+    if probes.shape[0]:
+        values = wp.empty(probes.shape[0], dtype=wp.float32, device=device)
+        wp.launch(_side_winding_kernel, dim=probes.shape[0],
+                  inputs=[mesh.id, wp.array(probes, dtype=wp.vec3, device=device), ACCURACY], outputs=[values],
+                  device=device)
+        w = values.numpy().astype(np.float64)
+        # Each face takes its patch's values (every face is its own patch on an open surface).
+        by_patch_outer = np.zeros(n_faces)
+        by_patch_inner = np.zeros(n_faces)
+        by_patch_outer[patch[probe_faces]] = w[:probe_faces.shape[0]]
+        by_patch_inner[patch[probe_faces]] = w[probe_faces.shape[0]:]
+        outer, inner = by_patch_outer[patch], by_patch_inner[patch]
     w_out = 0.5 * (outer + inner - 1.0)
     good &= np.abs(inner - outer - 1.0) < JUMP_TOLERANCE
     if closed:
         w_out = np.round(w_out)
 
-    # Faces crossed by an edge of another part of the mesh, and the faces of the crossing edges.
+    # One fan of faces around each welded vertex: corners joined across their clean edges.
+    n_vertices = int(wt.max()) + 1
+    corner_vertex = wt.reshape(-1)
+    nxt = lambda c: 3 * (c // 3) + (c % 3 + 1) % 3  # noqa: E731
+    # The faces run the edge in opposite directions: a corner of one meets the other's next one.
+    graph = coo_matrix((np.ones(2 * first.shape[0]),
+                        (np.concatenate([first, nxt(first)]), np.concatenate([nxt(second), second]))),
+                       shape=(3 * n_faces, 3 * n_faces))
+    label = connected_components(graph, directed=False)[1]
+    fan_keys = np.unique(corner_vertex * np.int64(3 * n_faces) + label)
+    fans = np.bincount(fan_keys // np.int64(3 * n_faces), minlength=n_vertices)
+
+    # A vertex is clean when its one fan is made of good faces on clean edges with one w_out.
+    next_vertex = np.roll(wt, -1, axis=1).reshape(-1)
+    edge_bad = ~clean_edge[edge]
+    face_bad = np.repeat(~good, 3)
+    bad_count = (np.bincount(corner_vertex, weights=edge_bad | face_bad, minlength=n_vertices)
+                 + np.bincount(next_vertex, weights=edge_bad, minlength=n_vertices))
+    lo = np.full(n_vertices, np.inf)
+    hi = np.full(n_vertices, -np.inf)
+    np.minimum.at(lo, corner_vertex, np.repeat(w_out, 3))
+    np.maximum.at(hi, corner_vertex, np.repeat(w_out, 3))
+    bad_vertex = (fans != 1) | (bad_count > 0) | ((hi - lo) > (0.0 if closed else JUMP_TOLERANCE))
+    settled = good & ~bad_vertex[wt].any(axis=1)
+    rows[:, 0] = w_out.astype(np.float32)
+    rows[:, 2] = settled.astype(np.float32)
+    return rows
+
+
+def _crossed(mesh: wp.Mesh, tri: np.ndarray, welded_corner: np.ndarray) -> np.ndarray:
+    """(T,) bool: faces crossed by an edge of a face that shares no welded vertex with them, and
+    the faces of such edges."""
+    device = mesh.points.device
+    n_faces = tri.shape[0]
     wt = np.asarray(welded_corner, np.int64).reshape(-1, 3)
     ends = np.stack([tri, np.roll(tri, -1, axis=1)], axis=-1).reshape(-1, 2)
     edges = np.concatenate([ends, wt.reshape(-1)[:, None], np.roll(wt, -1, axis=1).reshape(-1)[:, None]], axis=1)
@@ -148,49 +218,7 @@ def face_rows(mesh: wp.Mesh, points: np.ndarray, welded_corner: np.ndarray, edge
               inputs=[mesh.id, wp.array(edges.astype(np.int32), dtype=wp.int32, device=device),
                       wp.array(wt.astype(np.int32), dtype=wp.int32, device=device)],
               outputs=[crossed, edge_crosses], device=device)
-    good &= crossed.numpy() == 0
-    good &= edge_crosses.numpy().reshape(-1, 3).max(axis=1) == 0
-
-    # Edges used exactly twice, in opposite directions (collapsed edges count as bad).
-    edge = np.asarray(edge_of_corner, np.int64)
-    direction = np.sign(np.roll(wt, -1, axis=1) - wt).reshape(-1)
-    uses = np.bincount(edge, minlength=n_edges)
-    balance = np.bincount(edge, weights=direction.astype(np.float64), minlength=n_edges)
-    collapsed = np.bincount(edge, weights=(direction == 0).astype(np.float64), minlength=n_edges)
-    clean_edge = (uses == 2) & (balance == 0) & (collapsed == 0)
-
-    # One fan of faces around each welded vertex: corners joined across their clean edges.
-    n_vertices = int(wt.max()) + 1
-    corner_vertex = wt.reshape(-1)
-    pair = np.flatnonzero(clean_edge[edge])  # corners whose edge (k, k + 1) is clean
-    order = np.argsort(edge[pair], kind="stable")
-    first, second = pair[order[0::2]], pair[order[1::2]]
-    # Corner k of face f and corner k + 1: the edge's two ends on each of its two faces.
-    nxt = lambda c: 3 * (c // 3) + (c % 3 + 1) % 3  # noqa: E731
-    a1, b1, a2, b2 = first, nxt(first), second, nxt(second)
-    # The faces run the edge in opposite directions: a1 meets b2, b1 meets a2.
-    graph = coo_matrix((np.ones(2 * first.shape[0]), (np.concatenate([a1, b1]), np.concatenate([b2, a2]))),
-                       shape=(3 * n_faces, 3 * n_faces))
-    _, label = connected_components(graph, directed=False)
-    fans = np.zeros(n_vertices, np.int64)
-    vertex_label = np.unique(np.stack([corner_vertex, label], axis=1), axis=0)
-    np.add.at(fans, vertex_label[:, 0], 1)
-
-    # A vertex is clean when its one fan is made of good faces on clean edges with one w_out.
-    bad_vertex = fans != 1
-    edge_bad = ~clean_edge[edge]
-    np.logical_or.at(bad_vertex, corner_vertex, edge_bad)
-    np.logical_or.at(bad_vertex, np.roll(wt, -1, axis=1).reshape(-1), edge_bad)
-    np.logical_or.at(bad_vertex, corner_vertex, np.repeat(~good, 3))
-    lo = np.full(n_vertices, np.inf)
-    hi = np.full(n_vertices, -np.inf)
-    np.minimum.at(lo, corner_vertex, np.repeat(w_out, 3))
-    np.maximum.at(hi, corner_vertex, np.repeat(w_out, 3))
-    bad_vertex |= (hi - lo) > (0.0 if closed else JUMP_TOLERANCE)
-    settled = good & ~bad_vertex[wt].any(axis=1)
-    rows[:, 0] = w_out.astype(np.float32)
-    rows[:, 2] = settled.astype(np.float32)
-    return rows
+    return (crossed.numpy() != 0) | (edge_crosses.numpy().reshape(-1, 3).max(axis=1) != 0)
 
 
 def write_face_rows(mesh: wp.Mesh, velocities: wp.array, points: np.ndarray, topology) -> np.ndarray:

@@ -19,7 +19,8 @@ from typing import Optional
 import torch
 
 from robot_sdf.cost_inputs import output_buffers, scalar_tensors, speed_dt_tensor
-from robot_sdf.warp_primitives import SphereCostArgs, launch_swept_sphere_cost, swept_chain_rule
+from robot_sdf.warp_primitives import (SphereCostArgs, hessian_product, launch_swept_sphere_cost, sphere_cost_vjp,
+                                        swept_chain_rule)
 
 _worlds: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
 
@@ -91,21 +92,43 @@ def _(spheres, world, activation_distance, weight, max_distance, env, esdf):
     return spheres.new_empty((b, h, n, 3, 3))
 
 
+class _HessianThroughOp:
+    """The part of a SphereCostArgs that the shared backward (warp_primitives.sphere_cost_vjp and
+    hessian_product) uses, its ``hessian(spheres, env)``, for the op's backward: the Hessian comes
+    from the sphere_hessian op, which reads the world's current snapshot when it runs and which
+    the compiler keeps as one opaque call (a SphereCostArgs holds one snapshot's tensors and
+    launches Warp itself)."""
+
+    __slots__ = ("world", "activation_distance", "weight", "max_distance", "esdf")
+
+    def __init__(self, world: int, activation_distance: float, weight: float, max_distance: float, esdf: bool):
+        self.world, self.activation_distance, self.weight = world, activation_distance, weight
+        self.max_distance, self.esdf = max_distance, esdf
+
+    def hessian(self, spheres: torch.Tensor, env: Optional[torch.Tensor]) -> torch.Tensor:
+        return torch.ops.robot_sdf.sphere_hessian(spheres, self.world, self.activation_distance, self.weight,
+                                                  self.max_distance, env, self.esdf)
+
+
 def _sphere_cost_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0], output[1])
-    ctx.rest = inputs[1:]
+    spheres, world, activation_distance, weight, max_distance, env, esdf = inputs
+    # An output nothing depends on gets None, not zeros: no Hessian launch for an unused gradient.
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(spheres, output[1])
+    ctx.env = env
+    ctx.args = _HessianThroughOp(world, activation_distance, weight, max_distance, esdf)
 
 
 def _sphere_cost_backward(ctx, grad_cost, grad_gradient):
+    """The plain cost's backward shared with SdfMeshWarpPy and robot_sdf.cost (sphere_cost_vjp:
+    with create_graph a second backward gets the Hessian), plus the gradient output's own
+    derivative, the Hessian-vector product (hessian_product)."""
     spheres, gradient = ctx.saved_tensors
     result = torch.zeros_like(spheres)
     if grad_cost is not None:
-        result = result + grad_cost.unsqueeze(-1) * gradient
+        result = result + sphere_cost_vjp(grad_cost, spheres, gradient, ctx.env, ctx.args)
     if grad_gradient is not None:
-        # The gradient output's own derivative: the Hessian (double backward).
-        hess = torch.ops.robot_sdf.sphere_hessian(spheres, *ctx.rest)
-        hv = torch.matmul(hess, grad_gradient[..., :3].unsqueeze(-1)).squeeze(-1)
-        result = result + torch.cat([hv, torch.zeros_like(hv[..., :1])], dim=-1)
+        result = result + hessian_product(spheres, grad_gradient, ctx.env, ctx.args)
     return result, None, None, None, None, None, None
 
 

@@ -31,7 +31,7 @@ class SignMethod(enum.IntEnum):
     WINDING_NUMBER: fast generalised winding number. Meaningful for open (non-watertight) meshes;
         the mesh is built with winding-number support, which costs memory and build time.
     PARITY: crossing parity of one perturbed ray. One extra traversal; wrong near cracks.
-    AUTO: chosen per geometry when it is added (robot_sdf.mesh_analysis.classify), after the
+    AUTO: chosen per geometry when it is added (robot_sdf.mesh_classification.classify), after the
         add has oriented every closed patch consistently and outward (orient_components, for
         every method): NORMAL for the boundary of a solid (closed, consistently oriented shells
         without self-intersections, each with the solid behind it: one body, separate bodies,

@@ -5,11 +5,12 @@ here, without blocking readers) and then publishes a new immutable WorldSnapshot
 reference assignment. A reader holding a snapshot therefore always sees one consistent world.
 The only in-place change is a vertex refit (same topology), which takes the reader/writer lock
 briefly; evaluations through this class hold the read side while their kernels run.
+
+A geometry (one Warp mesh per distinct content, shared by slots) is world_geometry's Geometry;
+what a snapshot keeps alive, and for how long on CUDA, is snapshot_lifetime's.
 """
 from __future__ import annotations
 
-import hashlib
-import logging
 import threading
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -20,14 +21,12 @@ import numpy as np
 import torch
 import warp as wp
 
-from robot_sdf import cost, face_winding, geometry, mesh_analysis
-from robot_sdf.slot_index import SlotIndex
-from robot_sdf.types import POSE_INVERSE_SIZE, SignMethod, WorldSnapshot
-from robot_sdf.kernels.sign_data import ROW_AREA, ROW_BOUNDS, ROW_MARKER, extra_row
+from robot_sdf import cost, geometry
 from robot_sdf.launch import init_warp, warp_device
-from robot_sdf.warp_primitives import register_mesh, unregister_mesh
-
-_log = logging.getLogger("robot_sdf.world")
+from robot_sdf.slot_index import SlotIndex
+from robot_sdf.snapshot_lifetime import Retention, StreamTracker, graveyard
+from robot_sdf.types import POSE_INVERSE_SIZE, SignMethod, WorldSnapshot
+from robot_sdf.world_geometry import Geometry, content_key, geometry_bytes
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -50,210 +49,13 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return dev
 
 
-class _Geometry:
-    """One Warp mesh, shared by every slot whose vertices, triangles and requested sign method
-    are identical.
-
-    The Warp mesh holds the vertices re-centred on ``centre`` (the middle of their bounding box):
-    the snapshot folds -centre into each slot's inverse-pose translation, so the bounding sphere
-    (``radius``) is tight and float32 coordinates stay small for meshes given in world
-    coordinates. Its ``velocities`` array carries robot_sdf's sign data (mesh_analysis).
-    """
-
-    def __init__(self, key: bytes, vertices: np.ndarray, triangles: np.ndarray, device: torch.device,
-                 requested: SignMethod, name: str = ""):
-        self.key = key
-        # Private read-only copies: the content key must keep describing what the BVH holds.
-        self.vertices = np.array(vertices, dtype=np.float32, copy=True)
-        self.vertices.setflags(write=False)
-        # The digest of the triangles as given: the content key names the input, whose winding
-        # the stored copy may repair.
-        self.triangles_digest = _triangles_digest(np.asarray(triangles, np.int32))
-        v64 = self.vertices.astype(np.float64)
-        self.centre = 0.5 * (v64.min(axis=0) + v64.max(axis=0))
-        centred = self._centred(self.vertices)
-        self.radius = geometry.bounding_radius(centred)
-        self.requested = requested
-        self.classification: mesh_analysis.MeshClass | None = None
-        self.welded = mesh_analysis.weld(self.vertices)
-        # Closed surfaces bound a solid whatever their winding: each edge-connected patch is
-        # oriented consistently, closed ones outward (mesh_analysis.orient_components), on this
-        # private copy, before the sign data and the classification see it.
-        tri_in = np.asarray(triangles, np.int64)
-        facts = mesh_analysis.surface_facts(centred.astype(np.float64), tri_in, self.welded[tri_in])
-        self.triangles, self.orientation = mesh_analysis.orient_components(centred, tri_in, self.welded, facts)
-        self.triangles.setflags(write=False)
-        # Rows reversed by the repair: the triangles as given are recoverable (same_triangles).
-        self.reversed_rows = np.flatnonzero(np.any(self.triangles != tri_in, axis=1)) if self.orientation.faces_reversed \
-            else np.zeros(0, np.int64)
-        wdev = warp_device(device)
-        self.points = wp.array(centred, dtype=wp.vec3, device=wdev)
-        self.indices = wp.array(self.triangles.reshape(-1), dtype=wp.int32, device=wdev)
-        # Sign data first (its flags entry is rewritten once auto has chosen), so that the mesh
-        # auto builds for its self-intersection test can be kept when it chooses normal.
-        # Kept while the geometry is in use: a refit reuses it (weld groups, edge indices).
-        self.sign_topology: mesh_analysis.SignTopology | None = mesh_analysis.sign_topology(self.triangles,
-                                                                                           self.welded, centred)
-        data = mesh_analysis.sign_data(centred, self.triangles, requested == SignMethod.WINDING_NUMBER,
-                                       requested, topology=self.sign_topology)
-        self.velocities = wp.array(data, dtype=wp.vec3, device=wdev)
-        mesh = None
-        method = requested
-        # classification: auto's choice; for ``normal``, whether the pseudo-normal sign is exact
-        # at any distance (then the kernels search within r + eta first, as for auto's shells).
-        classification = None
-        if requested in (SignMethod.AUTO, SignMethod.NORMAL):
-            def factory() -> wp.Mesh:
-                return wp.Mesh(points=self.points, indices=self.indices, velocities=self.velocities)
-
-            classification, mesh = mesh_analysis.classify(centred, self.triangles, self.welded, factory, facts)
-            if requested == SignMethod.AUTO:
-                self.classification = classification
-                method = classification.method
-                _log.info("mesh %r: sign method auto -> %s (%s; %d triangles, classified in %.3f s)", name,
-                          method.name.lower(), classification.reason, len(self.triangles), classification.seconds)
-        self.method = method
-        self.winding_number = method == SignMethod.WINDING_NUMBER
-        data[extra_row(ROW_MARKER), 1:] = (1.0 if self.winding_number else 0.0, float(int(method)))
-        # The classification proved the pseudo-normal sign exact (a refit rewrites the data
-        # without it).
-        self.closed_shell = classification is not None and classification.solid
-        data[extra_row(ROW_AREA), 1] = 1.0 if self.closed_shell else 0.0
-        # Kernels skip the mesh beyond this radius (+ the search bound): no surface is there and
-        # no inside point (for winding_number on a surface that is not closed, that reaches
-        # out to the winding radius).
-        bounds = data[extra_row(ROW_BOUNDS)]
-        self.cull_radius = max(self.radius, float(bounds[0]) if bounds[1] == 0.0 else 0.0)
-        self.velocities.assign(wp.array(data, dtype=wp.vec3, device=wdev))
-        if mesh is None or self.winding_number:
-            mesh = wp.Mesh(points=self.points, indices=self.indices, velocities=self.velocities,
-                           support_winding_number=self.winding_number)
-        self.mesh = mesh
-        if self.winding_number and not self.closed_shell:
-            # Where the sign may come from the closest feature (a refit clears these rows).
-            face_winding.write_face_rows(mesh, self.velocities, centred, self.sign_topology)
-        register_mesh(self.mesh.id, self.winding_number)
-        self.users = 0
-        # Device arrays of the topology and scratch sums, made at the first refit and kept.
-        self.sign_writer: mesh_analysis.SignDataWriter | None = None
-        self._refit_prepare_lock = threading.Lock()  # one scratch set per writer
-
-    def given_triangles(self) -> np.ndarray:
-        """(T,3) int32: the triangles as they were given, before the winding repair."""
-        if self.reversed_rows.size == 0:
-            return self.triangles
-        t = np.array(self.triangles, copy=True)
-        t[self.reversed_rows] = t[self.reversed_rows, ::-1]
-        return t
-
-    def _centred(self, vertices: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(vertices.astype(np.float64) - self.centre, dtype=np.float32)
-
-    def prepare_refit(self, vertices: np.ndarray) -> tuple:
-        """Everything of a refit that can run while queries still read this geometry: the new
-        centred points and their sign data, staged in arrays of their own by Warp kernels
-        (mesh_analysis.SignDataWriter), with the new bounding and winding radii.
-
-        ``vertices`` (V,3) float32, C-contiguous (validated). Few calls that release the GIL: in
-        the node each one waits for the service threads to hand it back."""
-        dev = self.points.device
-        with self._refit_prepare_lock:
-            if self.sign_writer is None:
-                if self.sign_topology is None:  # dropped while the geometry sat in the cache
-                    self.sign_topology = mesh_analysis.sign_topology(self.triangles, self.welded, vertices)
-                self.sign_writer = mesh_analysis.SignDataWriter(self.sign_topology, dev)
-            if dev.is_cpu:  # views of numpy memory: no allocation or copy calls into Warp
-                host = (np.empty_like(vertices), np.empty((self.sign_writer.rows, 3), np.float32))
-                raw = mesh_analysis.host_array(vertices)
-                points, data = mesh_analysis.host_array(host[0]), mesh_analysis.host_array(host[1])
-            else:
-                host = None
-                raw = wp.array(vertices, dtype=wp.vec3, device=dev)
-                points = wp.empty(vertices.shape[0], dtype=wp.vec3, device=dev)
-                data = wp.empty(self.sign_writer.rows, dtype=wp.vec3, device=dev)
-            radius, winding_radius = self.sign_writer.write(raw, self.centre, points, data, self.winding_number,
-                                                            self.method)
-        return points, data, radius, winding_radius, host
-
-    def refit(self, vertices: np.ndarray, prepared: tuple | None = None) -> None:
-        """New vertex positions, same topology: refit the BVH about the same centre (so a snapshot
-        taken before stays consistent) and swap in the new sign data (``prepared``: the result of
-        prepare_refit(vertices), if already computed). Callers hold readers off (MeshWorld)."""
-        points, data, radius, winding_radius, host = prepared if prepared is not None else self.prepare_refit(vertices)
-        if host is not None:
-            # CPU: the mesh takes the staged arrays (setting its points refits it); no reader
-            # runs meanwhile, so the old ones can go. The numpy memory stays referenced here.
-            self.mesh.points = points
-            self.mesh.velocities = data
-            self.points, self.velocities, self._host_arrays = points, data, host
-        else:
-            # CUDA: in place, ordered on Warp's stream after the evaluations queued so far
-            # (MeshWorld._sync_device_before_write); replacing the arrays would free memory
-            # that queued kernels may still read.
-            self.points.assign(points)
-            self.mesh.refit()
-            self.velocities.assign(data)
-        self.vertices = np.array(vertices, dtype=np.float32, copy=True)
-        self.vertices.setflags(write=False)
-        self.radius = radius
-        self.closed_shell = False  # the refit's sign data carries no classification
-        self.cull_radius = max(radius, 0.0 if self.sign_writer.topology.balanced else winding_radius)
-
-    def info(self) -> dict:
-        out = {"sign_method": self.method.name.lower(), "requested_sign_method": self.requested.name.lower(),
-               "vertices": int(self.vertices.shape[0]), "triangles": int(self.triangles.shape[0]),
-               "bounding_centre": self.centre.tolist(), "bounding_radius": self.radius,
-               "winding_number_support": self.winding_number, "orientation": self.orientation.as_dict()}
-        if self.classification is not None:
-            out["auto"] = self.classification.as_dict()
-        if self.requested in (SignMethod.AUTO, SignMethod.NORMAL):
-            # Classified (auto, normal): searched within r + eta first by the plain cost.
-            out["closed_shell"] = self.closed_shell
-        return out
-
-    def __del__(self) -> None:
-        mesh = getattr(self, "mesh", None)
-        if mesh is not None:
-            unregister_mesh(mesh.id)
-
-
 @dataclass
 class _Slot:
     name: str
-    geometry: _Geometry
+    geometry: Geometry
     pose: np.ndarray  # (7,) float64, mesh in world
     enabled: bool
     index: int = 0  # position in its env's slot list (kept by add_mesh / remove_mesh)
-
-
-def _triangles_digest(triangles: np.ndarray) -> bytes:
-    return hashlib.blake2b(np.ascontiguousarray(triangles, np.int32).tobytes(), digest_size=20).digest()
-
-
-def _content_key(vertices: np.ndarray, triangles: np.ndarray | bytes, requested: SignMethod) -> bytes:
-    """Identity of a geometry: requested sign method, vertices and triangles (or the triangles'
-    _triangles_digest, which a geometry keeps: a refit then hashes its vertices only)."""
-    h = hashlib.blake2b(digest_size=20)
-    h.update(bytes([int(requested)]))
-    h.update(np.int64(vertices.shape[0]).tobytes())
-    h.update(triangles if isinstance(triangles, bytes) else _triangles_digest(triangles))
-    _hash_holding_gil(h, vertices.tobytes())
-    return h.digest()
-
-
-# hashlib releases the GIL for every update of 2048 bytes or more; re-taking it costs up to a
-# switch interval while the node's service threads run. Small buffers go in pieces below that.
-_HASH_PIECE = 2047
-_HASH_PIECES_MAX = 64
-
-
-def _hash_holding_gil(h, data: bytes) -> None:
-    if len(data) > _HASH_PIECE * _HASH_PIECES_MAX:
-        h.update(data)  # big: the release is worth it
-        return
-    view = memoryview(data)
-    for start in range(0, len(data), _HASH_PIECE):
-        h.update(view[start:start + _HASH_PIECE])
 
 
 class _ReadWriteLock:
@@ -322,107 +124,6 @@ class _ReadWriteLock:
                 self._cond.notify_all()
 
 
-class _Retention:
-    """What a snapshot keeps alive, and on CUDA for how long.
-
-    A snapshot names Warp meshes (by address) and owns small tensors that kernels read on the
-    caller's stream. On the CPU kernels have run when the launch returns; on CUDA they may still
-    be queued when the caller drops the snapshot, so ``after_use`` records an event on the
-    caller's stream and, when the snapshot is collected before that event has completed, its
-    geometries and tensors move to a graveyard that lets go of them once it has (checked on every
-    later collection and world change; never a host wait). ``ready`` is an event on Warp's stream
-    recorded at publication, after every BVH build or refit this snapshot depends on: evaluations
-    make their stream wait for it (stream-ordered, instead of a whole-device sync).
-    """
-
-    __slots__ = ("geometries", "tensors", "event", "ready", "tracker", "device")
-
-    def __init__(self, geometries: tuple, tensors: tuple, ready=None, tracker=None, device=None):
-        self.geometries = geometries
-        self.tensors = tensors
-        self.event = None
-        self.ready = ready  # None on the CPU: kernels there have run when the launch returns
-        self.tracker = tracker
-        self.device = device
-
-    def before_use(self) -> None:
-        if self.ready is not None:
-            torch.cuda.current_stream(self.device).wait_event(self.ready)
-
-    def after_use(self) -> None:
-        if self.ready is None:
-            return
-        stream = torch.cuda.current_stream(self.device)
-        event = torch.cuda.Event()
-        event.record(stream)
-        self.event = event
-        if self.tracker is not None:
-            self.tracker.note(stream, event)
-
-    def __del__(self) -> None:
-        try:
-            event = self.event
-            if event is not None and not event.query():
-                _graveyard.add(event, self.geometries, self.tensors)
-            _graveyard.purge()
-        except Exception:  # pragma: no cover - interpreter shutdown (module globals gone)
-            pass
-
-
-class _Graveyard:
-    """Geometries and tensors of collected snapshots whose last kernels may still run (CUDA)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._entries: list[tuple] = []
-
-    def add(self, event, geometries: tuple, tensors: tuple) -> None:
-        with self._lock:
-            self._entries.append((event, geometries, tensors))
-
-    def purge(self) -> None:
-        if not self._entries:
-            return
-        with self._lock:
-            done, pending = [], []
-            for entry in self._entries:
-                (done if entry[0].query() else pending).append(entry)
-            self._entries = pending
-        del done  # geometries are freed here, outside the lock
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-
-_graveyard = _Graveyard()
-
-
-class _StreamTracker:
-    """The last evaluation event per CUDA stream that read this world: an in-place refit makes
-    Warp's stream wait for them instead of synchronising the whole device. Bounded."""
-
-    _MAX_STREAMS = 32
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._events: OrderedDict[int, object] = OrderedDict()
-
-    def note(self, stream, event) -> None:
-        with self._lock:
-            key = int(stream.cuda_stream)
-            self._events[key] = event
-            self._events.move_to_end(key)
-            while len(self._events) > self._MAX_STREAMS:
-                self._events.popitem(last=False)
-
-    def make_wait(self, stream) -> None:
-        """Make ``stream`` (a torch stream) wait for every recorded evaluation."""
-        with self._lock:
-            events = list(self._events.values())
-        for event in events:
-            stream.wait_event(event)
-
-
 class _ReadHold:
     __slots__ = ("_lock",)
 
@@ -439,7 +140,7 @@ class _ReadHold:
 class _WorldRead:
     """``MeshWorld.reading()``: holds off refits and yields the snapshot current on entry; on CUDA
     the caller's stream waits for that snapshot's builds on entry and an event marks the work
-    queued inside on exit (see _Retention)."""
+    queued inside on exit (see snapshot_lifetime.Retention)."""
 
     __slots__ = ("_world", "_snapshot")
 
@@ -500,14 +201,14 @@ class MeshWorld:
         self._slots: list[list[_Slot]] = [[] for _ in range(self.num_envs)]
         # name -> slot per env: updates find their slot in O(1) among thousands of obstacles.
         self._by_name: list[dict[str, _Slot]] = [{} for _ in range(self.num_envs)]
-        self._geometries: dict[bytes, _Geometry] = {}
-        self._unused: OrderedDict[bytes, _Geometry] = OrderedDict()
+        self._geometries: dict[bytes, Geometry] = {}
+        self._unused: OrderedDict[bytes, Geometry] = OrderedDict()
         self._cache_size = int(geometry_cache_size)
         self._cache_bytes_limit = int(geometry_cache_bytes)
         self._cache_bytes = 0
         self._capacity = int(mesh_capacity)
         self._revision = 0
-        self._streams = _StreamTracker()
+        self._streams = StreamTracker()
         self._snapshot: WorldSnapshot | None = None
         self._slot_index = SlotIndex(self.device, warp_device(self.device), self.num_envs)
         self._allocate_mirrors()
@@ -584,7 +285,7 @@ class MeshWorld:
     def mesh_info(self, name: str, env: int = 0) -> dict:
         """Facts about a mesh's geometry: sign_method (concrete), requested_sign_method, vertices,
         triangles, bounding_centre/bounding_radius (m, mesh frame), winding_number_support, and
-        orientation (what the add repaired, mesh_analysis.orient_components: components,
+        orientation (what the add repaired, mesh_orientation.orient_components: components,
         closed_components, non_orientable, components_reversed, faces_reversed, seconds), and
         for ``auto`` the classification (key "auto": reason, closed, consistently_oriented,
         shells, self_intersections, degenerate_triangles, volume, classify_seconds) of the
@@ -616,7 +317,7 @@ class MeshWorld:
         requested = self.sign_method if sign_method is None else SignMethod.parse(sign_method)
         v, t = geometry.validate_mesh(vertices, triangles)
         p = geometry.validate_pose(pose)
-        key = _content_key(v, t, requested)
+        key = content_key(v, t, requested)
         prebuilt = self._prebuild(key, v, t, requested, name)
         with self._write_lock:
             geo = self._acquire_geometry(key, v, t, requested, prebuilt, name)
@@ -722,7 +423,7 @@ class MeshWorld:
             return self._publish(structural=True, env=env)
 
     @staticmethod
-    def _refit_key(name: str, v: np.ndarray, old: _Geometry) -> bytes:
+    def _refit_key(name: str, v: np.ndarray, old: Geometry) -> bytes:
         """Content key of ``old``'s topology with vertices ``v`` (V,3), after checking that they fit it."""
         if v.shape != old.vertices.shape:
             raise ValueError(
@@ -730,7 +431,7 @@ class MeshWorld:
                 "use add_mesh to change topology"
             )
         geometry.check_area(v, old.triangles)
-        return _content_key(v, old.triangles_digest, old.requested)
+        return content_key(v, old.triangles_digest, old.requested)
 
     # ------------------------------------------------------------------ checks
     def check_env(self, env) -> None:
@@ -754,7 +455,7 @@ class MeshWorld:
     def _sync_device_after_write(self) -> None:
         # Nothing to wait for on the host: the snapshot published next records an event on Warp's
         # stream after the build or refit, and evaluations wait for it on their own stream.
-        _graveyard.purge()
+        graveyard.purge()
 
     def _update_slot_index(self) -> None:
         """Refit or rebuild the slot BVHs of the environments changed since the last evaluation,
@@ -791,7 +492,7 @@ class MeshWorld:
         return slot
 
     def _prebuild(self, key: bytes, v: np.ndarray, t: np.ndarray, requested: SignMethod,
-                  name: str = "") -> _Geometry | None:
+                  name: str = "") -> Geometry | None:
         """Build the BVH of new content before taking the write lock, so that other writers
         (pose updates, enable flags) are not queued behind a build. None if cached."""
         with self._write_lock:
@@ -800,13 +501,13 @@ class MeshWorld:
         return self._build_geometry(key, v, t, requested, name)
 
     def _build_geometry(self, key: bytes, v: np.ndarray, t: np.ndarray, requested: SignMethod,
-                        name: str = "") -> _Geometry:
-        geo = _Geometry(key, v, t, self.device, requested, name)
+                        name: str = "") -> Geometry:
+        geo = Geometry(key, v, t, self.device, requested, name)
         self._sync_device_after_write()  # the BVH is complete before any snapshot names it
         return geo
 
     def _acquire_geometry(self, key: bytes, v: np.ndarray, t: np.ndarray, requested: SignMethod,
-                          prebuilt: _Geometry | None = None, name: str = "") -> _Geometry:
+                          prebuilt: Geometry | None = None, name: str = "") -> Geometry:
         geo = self._geometries.get(key)
         if geo is None:
             geo = self._unused.pop(key, None)
@@ -818,7 +519,7 @@ class MeshWorld:
         geo.users += 1
         return geo
 
-    def _release_geometry(self, geo: _Geometry) -> None:
+    def _release_geometry(self, geo: Geometry) -> None:
         geo.users -= 1
         if geo.users == 0:
             geo.sign_writer = geo.sign_topology = None  # refit data of live geometries only
@@ -936,7 +637,7 @@ class MeshWorld:
             revision=self._revision,
             sign_method=self.sign_method,
             sign_methods=tensors[4],
-            _keepalive=(_Retention(geometries, tensors, ready, self._streams, self.device),),
+            _keepalive=(Retention(geometries, tensors, ready, self._streams, self.device),),
             _slot_index=self._slot_index,
         )
 
@@ -1004,16 +705,3 @@ class MeshWorld:
         return cost.evaluate_swept_sphere_cost(self, spheres, activation_distance, weight, sweep_steps, speed_dt,
                                                enable_speed_metric, env_index, max_distance, compute_gradient,
                                                return_revision)
-
-
-# Estimated device-side bytes of a Warp BVH per triangle (2T-1 nodes of two bounds, plus the
-# primitive bounds and index arrays Warp keeps next to it); measured RSS per triangle on the
-# CPU device is in docs/reliability.md.
-_BVH_BYTES_PER_TRIANGLE = 96
-
-
-def geometry_bytes(geo) -> int:
-    """Estimated bytes a geometry holds: host copies, device arrays and the BVH."""
-    v, t = geo.vertices.nbytes, geo.triangles.nbytes
-    return 2 * (v + t) + _BVH_BYTES_PER_TRIANGLE * (t // 12)
-

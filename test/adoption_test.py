@@ -14,7 +14,7 @@ import warp as wp
 import mesh_corpus
 import reference as ref
 from conftest import build_warp_env, warp_mesh
-from robot_sdf import adopt_meshes, adoption, mesh_analysis
+from robot_sdf import adopt_meshes, adoption
 from robot_sdf.types import SignMethod
 from robot_sdf import launch
 from robot_sdf.launch import warp_device
@@ -116,8 +116,8 @@ def _mixed_world(device):
 
 
 def _carries_sign_data(mesh_id: int, device: str) -> bool:
-    return mesh_analysis.read_meshes(np.array([mesh_id], np.int64).astype(np.uint64),
-                                     warp_device(torch.device(device)))[0] is None
+    return adoption.read_meshes(np.array([mesh_id], np.int64).astype(np.uint64),
+                                warp_device(torch.device(device)))[0] is None
 
 
 def _volume(vertices: np.ndarray, triangles: np.ndarray) -> float:
@@ -521,8 +521,8 @@ def test_tensors_not_adopted_are_passed_as_they_are(device, monkeypatch):
     meshes, env = _mixed_world(device)
     spheres, _ = _shell_spheres(meshes[:2])
     reads = []
-    read = mesh_analysis.read_meshes
-    monkeypatch.setattr(mesh_analysis, "read_meshes", lambda ids, dev: reads.append(len(ids)) or read(ids, dev))
+    read = adoption.read_meshes
+    monkeypatch.setattr(adoption, "read_meshes", lambda ids, dev: reads.append(len(ids)) or read(ids, dev))
     args = wpr._constant_arguments(*_scalars(device), *_world(env), "auto", torch.device(device))
     assert args[3].data == env.mesh_idx.data_ptr() and args[7] == int(SignMethod.AUTO)
     for _ in range(2):

@@ -377,6 +377,44 @@ def test_torch_compile_fullgraph(scene):
     world.set_pose("box", BOX_POSE, env=0)
 
 
+def test_cost_op_backward_is_the_eager_one(scene, monkeypatch):
+    """The plain-cost op a compiled cost function calls (robot_sdf.ops) differentiates as the
+    eager API does: the same first derivative, no Hessian launched when only the cost is used,
+    the eager Hessian-vector product through a double backward and for a loss on its gradient
+    output."""
+    from robot_sdf import ops
+
+    world, _ = scene
+    s = torch.from_numpy(random_spheres(11)).to(world.device)
+    vt = torch.from_numpy(random_spheres(12)).to(world.device)
+    vt[..., 3] = 0.0
+    handle = ops.world_handle(world)
+    hessians = []
+    hessian = warp_primitives.SphereCostArgs.hessian
+    monkeypatch.setattr(warp_primitives.SphereCostArgs, "hessian",
+                        lambda args, *a: hessians.append(1) or hessian(args, *a))
+
+    def op(x):
+        return torch.ops.robot_sdf.sphere_cost(x, handle, ETA, 2.0, -1.0, None, False)
+
+    x = s.clone().requires_grad_()
+    op(x)[0].sum().backward()
+    assert hessians == []
+    torch.testing.assert_close(x.grad, ordinary_grad(lambda y: world.sphere_cost(y, ETA, 2.0), s))
+    e = s.clone().requires_grad_()
+    (ge,) = torch.autograd.grad(world.sphere_cost(e, ETA, 2.0).sum(), e, create_graph=True)
+    (eager_hv,) = torch.autograd.grad((ge * vt).sum(), e)
+    assert eager_hv.abs().max() > 0
+    x = s.clone().requires_grad_()
+    (g,) = torch.autograd.grad(op(x)[0].sum(), x, create_graph=True)
+    (hv,) = torch.autograd.grad((g * vt).sum(), x)
+    torch.testing.assert_close(hv, eager_hv)
+    x = s.clone().requires_grad_()
+    (op(x)[1] * vt).sum().backward()
+    torch.testing.assert_close(x.grad, eager_hv)
+    assert len(hessians) == 3  # the eager double backward's, then one per backward of the op that needs it
+
+
 def test_float64_inputs_give_float64_outputs(scene):
     world, _ = scene
     s32 = torch.from_numpy(random_spheres(11)).to(world.device)

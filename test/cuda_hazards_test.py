@@ -18,7 +18,7 @@ import warp as wp
 
 import reference as ref
 from conftest import CUDA_USABLE
-from robot_sdf import MeshWorld, launch, world as world_module
+from robot_sdf import MeshWorld, launch, snapshot_lifetime
 
 pytestmark = pytest.mark.skipif(not CUDA_USABLE, reason="no CUDA device visible to both torch and Warp")
 DEVICE = "cuda:0"
@@ -60,11 +60,11 @@ def test_dropped_snapshot_outlives_its_queued_work():
         cost, _ = world.evaluate_sphere_cost(s, ETA, 1.0, max_distance=MAX_DIST)
         # Replace the geometry: the old one has no user left and the cache keeps nothing.
         world.add_mesh("box", BOX_V * 1.5, BOX_T, POSE)
-        assert len(world_module._graveyard) >= 1  # the old BVH waits for the queued evaluation
+        assert len(snapshot_lifetime.graveyard) >= 1  # the old BVH waits for the queued evaluation
     side.synchronize()
     np.testing.assert_allclose(cost.cpu().double().numpy(), _ref_cost(spheres, BOX_V), atol=1e-4, rtol=1e-4)
-    world_module._graveyard.purge()
-    assert len(world_module._graveyard) == 0
+    snapshot_lifetime.graveyard.purge()
+    assert len(snapshot_lifetime.graveyard) == 0
 
 
 def test_builds_and_refits_are_stream_ordered(no_device_sync):

@@ -9,7 +9,7 @@ import warp as wp
 
 import mesh_corpus as corpus
 import reference as ref
-from robot_sdf import face_winding, mesh_analysis
+from robot_sdf import face_winding, mesh_analysis, mesh_topology
 from robot_sdf.kernels.closest_point import closest_feature_face
 from robot_sdf.kernels.sign_data import sign_data_offset
 from robot_sdf.kernels.signed_distance import ray_winding_inside
@@ -21,7 +21,7 @@ def _built(v: np.ndarray, t: np.ndarray):
     """A winding-number mesh with robot_sdf's sign data and its face rows written, and the rows."""
     v = np.asarray(v, np.float32)
     t = np.asarray(t, np.int64)
-    welded = mesh_analysis.weld(v)
+    welded = mesh_topology.weld(v)
     topology = mesh_analysis.sign_topology(t, welded, v)
     data = mesh_analysis.sign_data(v, t, True, SignMethod.WINDING_NUMBER, topology=topology)
     velocities = wp.array(data, dtype=wp.vec3, device="cpu")

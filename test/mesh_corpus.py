@@ -332,7 +332,7 @@ CORPUS = [
     Case("degenerate_triangles", degenerate_triangles, "normal", ALL, "zero-area triangles"),
     Case("icosphere_soup", icosphere_soup, "normal", ALL, "unindexed, symmetric: ties at the centre"),
     Case("capsule", capsule, "normal", ALL, "ties on the axis"),
-    # Winding repaired at add (robot_sdf.mesh_analysis.orient_components): judged against the
+    # Winding repaired at add (robot_sdf.mesh_orientation.orient_components): judged against the
     # original solid.
     Case("inside_out_box", lambda: inside_out(ref.box((0.3, 0.2, 0.1))), "normal", ALL, "every triangle reversed",
          lambda: ref.box((0.3, 0.2, 0.1))),

@@ -22,6 +22,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 from diagnostic_msgs.msg import DiagnosticArray
 from geometry_msgs.msg import TransformStamped
 from sensor_msgs.msg import PointCloud2
@@ -134,3 +135,52 @@ def test_sigint_under_load_exits_0_and_writes_no_exception_to_stderr(tmp_path):
     foreign = [line for line in stderr.splitlines() if not (_OWN_LINE.match(line) or _WARP_NOTICE.match(line))]
     assert foreign == [], "stderr lines other than the node's own INFO lines:\n" + "\n".join(foreign)
     assert "ready:" in stderr  # the check above read the node's real log
+
+
+# The console script's main in a fresh interpreter whose rclpy.init ends the process with
+# status 3: a --help that starts the node shows as that status instead of a node left running.
+_MAIN_WITHOUT_RCLPY_INIT = """
+import sys
+import rclpy
+
+def _no_init(*args, **kwargs):
+    print("rclpy.init called", file=sys.stderr, flush=True)
+    raise SystemExit(3)
+
+rclpy.init = _no_init
+from robot_sdf.ros.{module} import main
+sys.argv = {argv!r}
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("module, argv", [
+    ("sdf_server", ["sdf_server", "--help"]),
+    ("sdf_server", ["sdf_server", "--ros-args", "-p", "device:=cpu", "--", "-h"]),
+    ("lifecycle", ["sdf_server_managed", "-h"]),
+])
+def test_help_prints_usage_and_exits_0_without_starting_rclpy(module, argv):
+    """``sdf_server --help`` (and -h, and the managed variant's) prints the usage, how to pass
+    ROS arguments and every parameter the node declares, and exits 0 without initialising
+    rclpy."""
+    from robot_sdf.ros.parameters import PARAMETERS
+
+    code = _MAIN_WITHOUT_RCLPY_INIT.format(module=module, argv=argv)
+    out = subprocess.run([sys.executable, "-c", code], env=rh.ros_env(0), cwd=rh.REPO, capture_output=True,
+                         text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    assert "rclpy.init called" not in out.stderr
+    assert out.stdout.startswith(f"usage: {argv[0]} "), out.stdout[:200]
+    assert "--ros-args" in out.stdout and "--params-file" in out.stdout and "-p name:=value" in out.stdout
+    for spec in PARAMETERS:
+        assert re.search(rf"^  {spec.name}\b", out.stdout, re.M), spec.name
+
+
+def test_help_flag_is_looked_for_outside_the_ros_arguments():
+    from robot_sdf.ros.node_process import help_requested
+
+    assert help_requested(["sdf_server", "--help"]) and help_requested(["sdf_server", "-h"])
+    assert help_requested(["sdf_server", "--ros-args", "-p", "a:=1", "--", "--help"])
+    assert not help_requested(["sdf_server"])
+    assert not help_requested(["sdf_server", "--ros-args", "-r", "__node:=-h"])
+    assert not help_requested(["sdf_server", "--ros-args", "-p", "state_dir:=--help"])

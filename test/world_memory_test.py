@@ -8,7 +8,7 @@ import torch
 
 import reference as ref
 from robot_sdf import MeshWorld
-from robot_sdf.world import geometry_bytes
+from robot_sdf.world_geometry import geometry_bytes
 
 V, T = ref.icosphere(0.2, 3)  # 1280 triangles
 

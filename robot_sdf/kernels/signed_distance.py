@@ -73,7 +73,7 @@ def mesh_sign_method(mesh: wp.uint64, sign_method: int):
             # Built without winding-number support (the host refuses such calls; never read it).
             method = SIGN_NORMAL
         elif is_solid(mesh, data):
-            # Classified the boundary of a solid (mesh_analysis.classify): its winding number is
+            # Classified the boundary of a solid (mesh_classification.classify): its winding number is
             # 0 or 1, and the pseudo-normal sign equals it at any distance (and is cheaper).
             method = SIGN_NORMAL
     return data, method
@@ -106,7 +106,7 @@ def sign_is_closed(mesh: wp.uint64, data: int) -> bool:
 @wp.func
 def closed_inside_bound(mesh: wp.uint64, p: wp.vec3) -> float:
     """One ray from p into the boundary of a solid (closed, consistently oriented shells without
-    self-intersections, mesh_analysis.classify): -1 when it proves p outside,
+    self-intersections, mesh_classification.classify): -1 when it proves p outside,
     else a bound on p's distance to the surface if p is inside (UNBOUNDED where the ray only
     grazes an edge: then the exact closest-feature test decides)."""
     # The first surface a ray meets is entered from outside (front face) or left from inside

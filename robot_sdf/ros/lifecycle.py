@@ -24,7 +24,7 @@ from rclpy.lifecycle import LifecycleNodeMixin, LifecycleState, TransitionCallba
 from rclpy.node import Node
 
 from robot_sdf.ros.parameters import ConfigError
-from robot_sdf.ros.node_process import run_node
+from robot_sdf.ros.node_process import run_node, usage
 from robot_sdf.ros.sdf_server import NODE_NAME, SdfServer
 
 
@@ -79,9 +79,14 @@ class ManagedSdfServer(LifecycleNodeMixin, SdfServer):
 def main(args: list[str] | None = None) -> int:
     """Console script ``sdf_server_managed``: run the managed node until shutdown (SIGINT: 0).
 
-    Exit code 2 when a parameter has the wrong type (other errors fail the configure transition).
+    Exit code 2 when a parameter has the wrong type (other errors fail the configure transition);
+    -h or --help prints the usage and the parameters and exits 0 without starting anything.
     """
-    return run_node(ManagedSdfServer, args, NODE_NAME)
+    what = ("Runs the managed (lifecycle) variant of sdf_server: same name, parameters, topics and\n"
+            "services; it starts unconfigured and is driven by a lifecycle manager or\n"
+            "`ros2 lifecycle set /sdf_server configure` (then activate, deactivate, cleanup, shutdown).\n"
+            "Runs until SIGINT or SIGTERM (exit status 0).")
+    return run_node(ManagedSdfServer, args, NODE_NAME, usage("sdf_server_managed", what))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from rclpy.signals import SignalHandlerOptions
 
 from robot_sdf.memory import limit_malloc_arenas
 from robot_sdf.ros.executors import DrainingExecutor
-from robot_sdf.ros.parameters import ConfigError
+from robot_sdf.ros.parameters import ConfigError, parameter_help
 
 # GIL switch interval of the node's process [s] (Python's default: 0.005). The update worker, the
 # service threads and the middleware's Python callbacks share one GIL; a thread waiting for it
@@ -42,7 +42,35 @@ def use_node_switch_interval() -> None:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
 
-def run_node(node_class: type[Node], args: list[str] | None, logger_name: str) -> int:
+HELP_FLAGS = ("-h", "--help")
+
+
+def help_requested(argv: list[str]) -> bool:
+    """Whether -h or --help is among the program's own arguments: ``argv[1:]`` outside the ROS
+    arguments (from --ros-args up to a lone ``--`` or the end)."""
+    in_ros_args = False
+    for arg in argv[1:]:
+        if in_ros_args:
+            in_ros_args = arg != "--"
+        elif arg == "--ros-args":
+            in_ros_args = True
+        elif arg in HELP_FLAGS:
+            return True
+    return False
+
+
+def usage(program: str, what: str) -> str:
+    """A console script's --help: what it runs, how ROS arguments are passed, every parameter."""
+    return (f"usage: {program} [-h] [--ros-args [ROS arguments ...] [--]]\n\n{what}\n\n"
+            "options:\n  -h, --help  show this help and exit (nothing is started)\n\n"
+            "ROS arguments follow --ros-args: parameters (-p name:=value, --params-file FILE), remappings\n"
+            "(-r __node:=name, -r __ns:=/namespace, -r topic:=other), --log-level LEVEL. For example:\n"
+            f"  {program} --ros-args --params-file config/sdf_server.yaml -p device:=cpu\n"
+            f"  ros2 run robot_sdf {program} --ros-args -p scene_file:=config/demo_world.yaml\n\n"
+            + parameter_help() + "\n")
+
+
+def run_node(node_class: type[Node], args: list[str] | None, logger_name: str, help_text: str = "") -> int:
     """Run ``node_class()`` on a DrainingExecutor until SIGINT or SIGTERM (exit code 0).
 
     Exit code 2 when its constructor raises ConfigError (invalid parameters or scene file),
@@ -56,7 +84,13 @@ def run_node(node_class: type[Node], args: list[str] | None, logger_name: str) -
     the crashing thread a native one). Here a signal only asks the main loop to stop; the
     executors, the node (which stops its own threads and contexts) and the contexts are then
     shut down in that order, from this thread.
+
+    With -h or --help among the program's own arguments (``args``, else sys.argv; help_requested)
+    it prints ``help_text`` and returns 0 before anything starts.
     """
+    if help_text and help_requested(sys.argv if args is None else args):
+        print(help_text, end="", flush=True)
+        return 0
     use_node_switch_interval()
     # A crash in native code (rclpy, Warp, torch) then leaves the Python stacks of every thread in
     # the node's log instead of a bare exit status -11.

@@ -11,8 +11,10 @@ set at run time (``ros2 param set``); the node validates the whole new configura
 """
 from __future__ import annotations
 
+import json
 import math
 import re
+import textwrap
 from dataclasses import dataclass, fields
 from typing import Any, Callable
 
@@ -255,6 +257,31 @@ def _type_name(default: Any) -> str:
     if isinstance(default, list):
         return "a list of floats (write [1.0, 2.0], not [1, 2])"
     return "a string"
+
+
+def _help_type(default: Any) -> str:
+    if isinstance(default, bool):
+        return "bool"
+    if isinstance(default, int):
+        return "int"
+    if isinstance(default, float):
+        return "float"
+    if isinstance(default, list):
+        return "float list"
+    return "string"
+
+
+def parameter_help(width: int = 100) -> str:
+    """Every parameter as text, for the console scripts' --help: name (* when it may be set at run
+    time), type, default, rule and description."""
+    lines = ["parameters (-p name:=value or a --params-file; * may be changed at run time, ros2 param set):"]
+    for spec in PARAMETERS:
+        default = json.dumps(spec.default)
+        rule = f", {spec.constraint}" if spec.constraint else ""
+        lines.append(f"  {spec.name}{' *' if spec.dynamic else ''} ({_help_type(spec.default)}, "
+                     f"default {default}{rule})")
+        lines.append(textwrap.fill(spec.description, width, initial_indent="      ", subsequent_indent="      "))
+    return "\n".join(lines)
 
 
 def _value_errors(values: dict[str, Any]) -> list[str]:

@@ -63,7 +63,7 @@ from robot_sdf.ros.frames import (JUMP_BACK_NS, FrameResolver, Tf2Buffer, TopicT
                                   parse_static_transforms, tf2_available)
 from robot_sdf.ros.health import HealthMonitor, RequestStats, diagnostic_status
 from robot_sdf.ros.markers import MarkerState
-from robot_sdf.ros.node_process import run_node
+from robot_sdf.ros.node_process import run_node, usage
 from robot_sdf.ros.parameters import (DYNAMIC_PARAMETERS, PARAMETER_NAMES, ConfigError, ServerConfig, current_values,
                                       declare, validate_values, with_changes)
 from robot_sdf.ros.world_setup import load_scene, restore_state, warm_up
@@ -504,12 +504,19 @@ class SdfServer(Node):
             return self._request_seq, self._last_request
 
 
+HELP = ("Runs the ROS 2 node sdf_server: collision costs of spheres against triangle meshes and signed\n"
+        "distances as services (~/evaluate_sphere_cost, ~/evaluate_swept_sphere_cost,\n"
+        "~/query_signed_distance), meshes and poses from topics (~/mesh_obstacles, ~/obstacle_poses).\n"
+        "Runs until SIGINT or SIGTERM (exit status 0); exit status 2 on invalid parameters or scene file.")
+
+
 def main(args: list[str] | None = None) -> int:
     """Console script ``sdf_server``: run the node until shutdown (SIGINT: exit code 0).
 
-    Exit code 2 when the parameters or the scene file are invalid.
+    Exit code 2 when the parameters or the scene file are invalid; -h or --help prints the usage
+    and the parameters and exits 0 without starting anything.
     """
-    return run_node(SdfServer, args, NODE_NAME)
+    return run_node(SdfServer, args, NODE_NAME, usage("sdf_server", HELP))
 
 
 if __name__ == "__main__":
