@@ -1,23 +1,23 @@
-"""The winding number beside each face of a mesh in the winding regime: what lets the kernels take
-a sign from the closest feature instead of evaluating the winding number.
+"""The winding number beside each face of a closed surface in the winding regime: what lets the
+kernels take a sign from the closest feature instead of evaluating the winding number.
 
-For a point p whose closest surface point c lies on face f (found by the search), the segment from
-p to c crosses no surface, so the winding number w(p) is the winding number just off c on p's side
-plus what it gains along that segment. Where the surface around c is a clean oriented patch (every
-edge at f's corners used twice in opposite directions, one fan of faces around each corner, none
-of those faces crossed by another part of the mesh), p's side is the side the angle-weighted
-pseudo-normal of c's feature gives, and just off c the winding number is that of f's outer side,
-plus 1 on its inner side. Along f and along the segment it changes only through the rim: by at
-most rim_slope x the path (robot_sdf.kernels.winding). On a closed surface (no rim) it does not
-change at all, so the sign is exact; on an open one the verdict is kept where the margin to 1/2
-exceeds that bound plus the winding number's approximation error (kernels.signed_distance,
-``settled_winding_inside``).
+On a closed surface (every edge used as often in each direction; nested, overlapping, touching or
+self-intersecting shells) the winding number is an integer that changes only where the surface is
+crossed. For a point p whose closest surface point c lies on face f (found by the search), the
+segment from p to c crosses no surface, so w(p) is the winding number just off c on p's side.
+Where the surface around c is a clean oriented patch (every edge at f's corners used twice in
+opposite directions, one fan of faces around each corner, none of those faces crossed by another
+part of the mesh), p's side is the side the angle-weighted pseudo-normal of c's feature gives,
+and just off c the winding number is that of f's outer side, plus 1 on its inner side
+(kernels.winding's settled_winding_inside). Faces joined by such an edge share their outer
+winding number, so it is evaluated once per patch.
 
 face_rows computes, per face, (w_out, reach, settled): the winding number on the outer side of
-the face (halfway between the values just off its centroid on either side, less 1/2; an integer
-on a closed surface), the distance from its centroid to its farthest corner, and 1 where the patch
-around the face is clean as above, else 0 (the kernels then evaluate the winding number). Rows for
-robot_sdf.kernels.sign_data (its face rows), kernel frame, metres.
+the face, the distance from its centroid to its farthest corner, and 1 where the patch around
+the face is clean as above, else 0 (the kernels then evaluate the winding number). Rows for
+robot_sdf.kernels.sign_data (its face rows), kernel frame, metres. An open surface gets none:
+its winding number varies off the surface, and evaluating it beside every face cost seconds per
+scan (59k triangles: 1.9 s) for a verdict the rim would leave open near most of a scan anyway.
 """
 from __future__ import annotations
 
@@ -98,18 +98,13 @@ def _crossed_faces_kernel(mesh: wp.uint64, edges: wp.array2d(dtype=wp.int32),
 
 
 def face_rows(mesh: wp.Mesh, points: np.ndarray, welded_corner: np.ndarray, edge_of_corner: np.ndarray,
-              n_edges: int, closed: bool) -> np.ndarray:
-    """(T, 3) float32 rows (w_out, reach, settled) of the module docstring.
+              n_edges: int) -> np.ndarray:
+    """(T, 3) float32 rows (w_out, reach, settled) of the module docstring, for a closed surface.
 
     ``mesh``: the Warp mesh (built with winding-number support, kernel frame); ``points`` (V,3)
     its vertices; ``welded_corner`` (3T,) welded vertex of corner k of face f at 3 f + k;
     ``edge_of_corner`` (3T,) undirected welded edge (corners k, k + 1) of face f at 3 f + k, of
-    ``n_edges``; ``closed``: every welded edge is used as often in each direction (the winding
-    number is an integer off the surface).
-
-    On a closed surface the outer winding number is the same on faces joined by a clean edge
-    (neither crossed), so it is evaluated at one face of each such patch; on an open one at
-    every face."""
+    ``n_edges``."""
     device = mesh.points.device
     v64 = np.asarray(points, np.float64).reshape(-1, 3)
     tri = mesh.indices.numpy().reshape(-1, 3).astype(np.int64)
@@ -140,19 +135,15 @@ def face_rows(mesh: wp.Mesh, points: np.ndarray, welded_corner: np.ndarray, edge
     order = np.argsort(edge[pair], kind="stable")
     first, second = pair[order[0::2]], pair[order[1::2]]
 
-    # The winding number just off the centroid on both sides, of every face (open surface) or of
-    # one good face per patch of good faces joined by clean edges (closed surface).
-    if closed:
-        joined = good[first // 3] & good[second // 3]
-        patches = coo_matrix((np.ones(int(joined.sum())), (first[joined] // 3, second[joined] // 3)),
-                             shape=(n_faces, n_faces))
-        patch = connected_components(patches, directed=False)[1]
-        by_area = np.lexsort((-area2, patch))  # within each patch, the largest face first
-        leaders = by_area[np.r_[True, patch[by_area[1:]] != patch[by_area[:-1]]]]
-        probe_faces = leaders[good[leaders]]
-    else:
-        patch = np.arange(n_faces)
-        probe_faces = np.flatnonzero(good)
+    # The winding number just off the centroid on both sides, of one good face per patch of good
+    # faces joined by clean edges.
+    joined = good[first // 3] & good[second // 3]
+    patches = coo_matrix((np.ones(int(joined.sum())), (first[joined] // 3, second[joined] // 3)),
+                         shape=(n_faces, n_faces))
+    patch = connected_components(patches, directed=False)[1]
+    by_area = np.lexsort((-area2, patch))  # within each patch, the largest face first
+    leaders = by_area[np.r_[True, patch[by_area[1:]] != patch[by_area[:-1]]]]
+    probe_faces = leaders[good[leaders]]
     unit = normal[probe_faces] / area2[probe_faces, None]
     offset = np.maximum(RELATIVE_OFFSET * np.sqrt(0.5 * area2[probe_faces]), MIN_OFFSET)[:, None] * unit
     probes = np.concatenate([centroid[probe_faces] + offset, centroid[probe_faces] - offset]).astype(np.float32)
@@ -164,16 +155,14 @@ def face_rows(mesh: wp.Mesh, points: np.ndarray, welded_corner: np.ndarray, edge
                   inputs=[mesh.id, wp.array(probes, dtype=wp.vec3, device=device), ACCURACY], outputs=[values],
                   device=device)
         w = values.numpy().astype(np.float64)
-        # Each face takes its patch's values (every face is its own patch on an open surface).
+        # Each face takes its patch's values.
         by_patch_outer = np.zeros(n_faces)
         by_patch_inner = np.zeros(n_faces)
         by_patch_outer[patch[probe_faces]] = w[:probe_faces.shape[0]]
         by_patch_inner[patch[probe_faces]] = w[probe_faces.shape[0]:]
         outer, inner = by_patch_outer[patch], by_patch_inner[patch]
-    w_out = 0.5 * (outer + inner - 1.0)
+    w_out = np.round(0.5 * (outer + inner - 1.0))
     good &= np.abs(inner - outer - 1.0) < JUMP_TOLERANCE
-    if closed:
-        w_out = np.round(w_out)
 
     # One fan of faces around each welded vertex: corners joined across their clean edges.
     n_vertices = int(wt.max()) + 1
@@ -197,7 +186,7 @@ def face_rows(mesh: wp.Mesh, points: np.ndarray, welded_corner: np.ndarray, edge
     hi = np.full(n_vertices, -np.inf)
     np.minimum.at(lo, corner_vertex, np.repeat(w_out, 3))
     np.maximum.at(hi, corner_vertex, np.repeat(w_out, 3))
-    bad_vertex = (fans != 1) | (bad_count > 0) | ((hi - lo) > (0.0 if closed else JUMP_TOLERANCE))
+    bad_vertex = (fans != 1) | (bad_count > 0) | (hi > lo)
     settled = good & ~bad_vertex[wt].any(axis=1)
     rows[:, 0] = w_out.astype(np.float32)
     rows[:, 2] = settled.astype(np.float32)
@@ -221,13 +210,15 @@ def _crossed(mesh: wp.Mesh, tri: np.ndarray, welded_corner: np.ndarray) -> np.nd
     return (crossed.numpy() != 0) | (edge_crosses.numpy().reshape(-1, 3).max(axis=1) != 0)
 
 
-def write_face_rows(mesh: wp.Mesh, velocities: wp.array, points: np.ndarray, topology) -> np.ndarray:
+def write_face_rows(mesh: wp.Mesh, velocities: wp.array, points: np.ndarray, topology) -> np.ndarray | None:
     """face_rows of ``mesh`` written into its sign data ``velocities`` (the array the mesh was
-    built with, robot_sdf.kernels.sign_data's face rows); ``topology``: the geometry's
-    mesh_analysis.SignTopology. Returns the rows."""
+    built with, robot_sdf.kernels.sign_data's face rows) when the surface is closed; ``topology``:
+    the geometry's mesh_analysis.SignTopology. Returns the rows (None for an open surface: its
+    rows stay 0, nothing settled)."""
+    if not topology.balanced:
+        return None
     n_faces = mesh.indices.shape[0] // 3
-    rows = face_rows(mesh, points, topology.welded_corner, topology.edge_of_corner, topology.n_edges,
-                     topology.balanced)
+    rows = face_rows(mesh, points, topology.welded_corner, topology.edge_of_corner, topology.n_edges)
     if n_faces:
         start = face_rows_start(mesh.points.shape[0], n_faces)
         velocities[start:start + n_faces].assign(wp.array(rows, dtype=wp.vec3, device=velocities.device))

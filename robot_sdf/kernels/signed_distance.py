@@ -132,7 +132,7 @@ def ray_winding_inside(mesh: wp.uint64, data: int, p: wp.vec3) -> int:
     """The winding-number verdict of mesh-frame p (1 inside, 0 outside) from the first triangle a
     ray from p meets, where its face row settles it (settled_winding_inside: nothing lies between
     p and the hit, whose side the ray's direction tells); -1 where it does not. A ray that meets
-    nothing leaves a closed surface's winding number 0."""
+    nothing leaves a closed surface's winding number 0 (only closed surfaces have face rows)."""
     t_hit = float(0.0)
     bu = float(0.0)
     bv = float(0.0)
@@ -146,7 +146,7 @@ def ray_winding_inside(mesh: wp.uint64, data: int, p: wp.vec3) -> int:
     facing = wp.dot(INSIDE_RAY, ray_n)
     if wp.abs(facing) < 1.0e-3:
         return -1  # grazing: the side is not clear
-    return settled_winding_inside(mesh, data, p, ray_face, t_hit, facing > 0.0)
+    return settled_winding_inside(mesh, ray_face, facing > 0.0)
 
 
 @wp.func
@@ -261,7 +261,7 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
         closest = int(0)
         side = float(0.0)
         delta, dist, side, outward, closest = closest_feature_face(mesh, p, face, 1.0, data, True, UNBOUNDED)
-        verdict = settled_winding_inside(mesh, data, p, closest, dist, side < 0.0)
+        verdict = settled_winding_inside(mesh, closest, side < 0.0)
         if verdict < 0:
             verdict = wp.where(winding_inside(mesh, p), 1, 0)
         inside = wp.where(verdict == 1, -1.0, 1.0)

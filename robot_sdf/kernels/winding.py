@@ -163,28 +163,14 @@ def rim_settled_lanes(n_prev: int, n_next: int, len_prev: float, len_next: float
 
 
 @wp.func
-def settled_winding_inside(mesh: wp.uint64, data: int, p: wp.vec3, face: int, dist: float, inner: bool) -> int:
-    """The winding-number verdict of mesh-frame p from the face row of ``face``, the triangle
-    holding p's closest surface point (at ``dist``; ``inner``: p is on the inner side of that
-    point's feature by its pseudo-normal): 1 inside, 0 outside, -1 where the row does not settle
-    it (robot_sdf.face_winding). The winding number is the face's outer one (+1 inner) up to what
-    the rim adds along the path from the face's centroid to c and on to p (rim_slope over
-    dist + the face's reach); the verdict stands where the margin to 1/2 exceeds that plus three
-    times WINDING_APPROXIMATION_ERROR (one for the row's own value, two as the swept samples'
-    shortcut allows): always on a closed surface."""
+def settled_winding_inside(mesh: wp.uint64, face: int, inner: bool) -> int:
+    """The winding-number verdict of a point from the face row of ``face``, the triangle holding
+    its closest surface point or the first one a ray from it meets (``inner``: the point is on the
+    inner side of it, by the pseudo-normal of the closest feature or the ray's direction): 1
+    inside, 0 outside, -1 where the row does not settle it (robot_sdf.face_winding: rows are
+    written for closed surfaces only, whose winding number is the face's outer one, +1 on its
+    inner side, all the way to the point)."""
     row = face_winding(mesh, face)
     if row[2] == 0.0:
         return -1
-    w = row[0] + wp.where(inner, 1.0, 0.0)
-    margin = 3.0 * WINDING_APPROXIMATION_ERROR
-    if rim_chunk_count(mesh, data) > 0:
-        reach = dist + row[1]
-        slope = rim_slope(mesh, data, p, reach)
-        if slope >= UNBOUNDED:
-            return -1
-        margin += slope * reach
-    if w - WINDING_THRESHOLD > margin:
-        return 1
-    if WINDING_THRESHOLD - w > margin:
-        return 0
-    return -1
+    return wp.where(row[0] + wp.where(inner, 1.0, 0.0) > WINDING_THRESHOLD, 1, 0)
