@@ -25,7 +25,7 @@ from robot_sdf.slot_index import SlotIndex
 from robot_sdf.types import POSE_INVERSE_SIZE, SignMethod, WorldSnapshot
 from robot_sdf.kernels.sign_data import ROW_AREA, ROW_BOUNDS, ROW_MARKER, extra_row
 from robot_sdf.launch import init_warp, warp_device
-from robot_sdf.warp_primitives import register_mesh, unregister_mesh
+from robot_sdf.world_args import register_mesh, unregister_mesh
 
 _log = logging.getLogger("robot_sdf.world")
 

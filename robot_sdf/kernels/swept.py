@@ -5,11 +5,11 @@ mesh of its environment (swept_slot: swept_slot_cost, or open_swept_slot_cost fo
 meshes whose sign is not a closed surface's), plus the optional CHOMP speed metric. The kernel
 writes every output element it owns; gradients are analytic.
 
-Layout (flattened from the torch tensors of docs/design.md "Tensor layouts"; the world's tensors
-as slot_walk's docstring describes them):
+Layout (flattened from the torch tensors of docs/design.md "Tensor layouts"; the world, its
+tensors and the call's sign selection, in one slot_walk.World struct as slot_walk's docstring
+describes it):
     spheres      (N,) vec4    x, y, z, radius in the world frame (m); N = b * h * n, step-major
                               within a batch row: sphere j of step t at (row * h + t) * n + j
-    sign_method, slot_sign    as in plain_cost's kernel
     env_query    (B,) int32   environment per batch row (read only when use_env_query != 0)
 Scalars that live in tensors (weight, activation distance, max distance, dt) are read in-kernel
 from 1-element arrays so that no host-device synchronisation is needed.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import warp as wp
 
 from robot_sdf.kernels.signed_distance import REACH_MARGIN, REACH_SLACK
-from robot_sdf.kernels.slot_walk import env_slots, query_env, slot_at, slot_sign_method
+from robot_sdf.kernels.slot_walk import World, env_slots, query_env, slot_at, slot_sign_method
 from robot_sdf.kernels.swept_slot import open_swept_sign, open_swept_slot_cost, swept_slot_cost
 
 wp.set_module_options({"enable_backward": False})
@@ -45,19 +45,13 @@ def swept_sphere_cost_kernel(
     activation_distance: wp.array(dtype=wp.float32),
     max_distance: wp.array(dtype=wp.float32),
     speed_dt: wp.array(dtype=wp.float32),
-    mesh_idx: wp.array2d(dtype=wp.int64),
-    pose_inv: wp.array3d(dtype=wp.float32),
-    mesh_enable: wp.array2d(dtype=wp.uint8),
-    n_env_mesh: wp.array(dtype=wp.int32),
+    world: World,
     env_query: wp.array(dtype=wp.int32),
     use_env_query: int,
     horizon: int,
     spheres_per_step: int,
     sweep_steps: int,
     enable_speed_metric: int,
-    sign_method: int,
-    slot_sign: wp.array2d(dtype=wp.uint8),
-    slot_bvh: wp.array(dtype=wp.uint64),
     compute_grad: int,
     count_evaluations: int,
     start: int,
@@ -96,7 +90,7 @@ def swept_sphere_cost_kernel(
     eta = activation_distance[0]
     max_dist = max_distance[0]
     step = (tid / spheres_per_step) % horizon
-    env = query_env(tid, spheres_per_step * horizon, use_env_query, env_query, n_env_mesh.shape[0])
+    env = query_env(tid, spheres_per_step * horizon, use_env_query, env_query, world.n_env_mesh.shape[0])
     cost = float(0.0)
     own = wp.vec3(0.0, 0.0, 0.0)
     to_prev = wp.vec3(0.0, 0.0, 0.0)
@@ -148,13 +142,13 @@ def swept_sphere_cost_kernel(
         # As swept_slot_cost's batched test: a stationary step keeps the plain query of p.
         moving = n_sides > 0 and half_len > 0.0
         slot_reach = max_dist + radius + eta + half_len
-        slots = env_slots(env, p, slot_reach, mesh_idx, n_env_mesh, slot_bvh)
+        slots = env_slots(env, p, slot_reach, world)
         for i in range(slots.iterations):
-            slot, q, p_mesh = slot_at(slots, i, env, p, mesh_idx, pose_inv, mesh_enable)
+            slot, q, p_mesh = slot_at(slots, i, env, p, world)
             if slot < 0:
                 continue
-            mesh = wp.uint64(mesh_idx[env, slot])
-            slot_method = slot_sign_method(sign_method, slot_sign, env, slot)
+            mesh = wp.uint64(world.mesh_idx[env, slot])
+            slot_method = slot_sign_method(world, env, slot)
             seg_prev = wp.quat_rotate(q, prev - p)
             seg_next = wp.quat_rotate(q, nxt - p)
             c_i = float(0.0)
@@ -167,12 +161,12 @@ def swept_sphere_cost_kernel(
             m_next = int(0)
             if moving and open_swept_sign(mesh, slot_method):
                 c_i, g_i, delta_i, own_i, prev_i, next_i, m_prev, m_next = open_swept_slot_cost(
-                    mesh, pose_inv[env, slot, 7], slot_method, p_mesh, seg_prev, seg_next, has_prev,
+                    mesh, world.pose_inv[env, slot, 7], slot_method, p_mesh, seg_prev, seg_next, has_prev,
                     has_next, radius, eta, max_dist, sweep_steps, n_sides,
                 )
             else:
                 c_i, g_i, delta_i, own_i, prev_i, next_i, m_prev, m_next = swept_slot_cost(
-                    mesh, pose_inv[env, slot, 7], slot_method, p_mesh, seg_prev, seg_next, has_prev,
+                    mesh, world.pose_inv[env, slot, 7], slot_method, p_mesh, seg_prev, seg_next, has_prev,
                     has_next, radius, eta, max_dist, bound0, sweep_steps, n_sides,
                 )
             c0 += c_i
