@@ -488,7 +488,7 @@ class _SdfMeshWarpPy(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.mark_non_differentiable(output[1])
-        ctx.args = SphereCostArgs(*inputs[4:11], inputs[13], inputs[14], snapshot=inputs[16])
+        ctx.args = SphereCostArgs(*inputs[4:11], inputs[13], inputs[14], True, inputs[16])
         env = inputs[11]
         ctx.save_for_backward(inputs[0], output[1], env if isinstance(env, torch.Tensor) else None)
         ctx.save_for_forward(output[1])
@@ -556,8 +556,10 @@ class SdfMeshWarpPy(_SdfMeshWarpPy):
         full = _internals.bind_arguments(cls, args, kwargs)
         if full[15] is None:
             full[15] = _internals.may_need_gradient(full[0])
-        full[14], snapshot = sign_and_snapshot(full[14])
-        return _sdf_apply(*full, snapshot)[0]
+        if type(full[14]) is WorldSnapshot:
+            full[14], snapshot = sign_and_snapshot(full[14])
+            return _sdf_apply(*full, snapshot)[0]
+        return _sdf_apply(*full, None)[0]
 
 
 class _SecondOrderRefused(torch.autograd.Function):
@@ -708,8 +710,10 @@ class SweptSdfMeshWarpPy(_SweptSdfMeshWarpPy):
         full = _internals.bind_arguments(cls, args, kwargs)
         if full[17] is None:
             full[17] = _internals.may_need_gradient(full[0])
-        full[16], snapshot = sign_and_snapshot(full[16])
-        return _swept_apply(*full, snapshot)[0]
+        if type(full[16]) is WorldSnapshot:
+            full[16], snapshot = sign_and_snapshot(full[16])
+            return _swept_apply(*full, snapshot)[0]
+        return _swept_apply(*full, None)[0]
 
 
 def swept_cost_of_snapshot(spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,

@@ -128,14 +128,20 @@ _no_slot_bvh: dict[torch.device, tuple] = {}
 
 
 def slot_bvh_ids(snapshot, mesh_idx: torch.Tensor, mesh_pose_inverse: torch.Tensor,
-                 device: torch.device) -> torch.Tensor:
-    """The int64 tensor of slot-BVH ids the kernels take (kernels.World.slot_bvh): a MeshWorld
-    snapshot's, when the call's mesh tensors are the snapshot's own and its world's slot BVHs
-    describe it (slot_index), else a one-element placeholder: every slot is visited."""
+                 device: torch.device) -> torch.Tensor | None:
+    """The (n_env + 1,) int64 slot-BVH ids of a MeshWorld snapshot (kernels.World.slot_bvh), when
+    the call's mesh tensors are the snapshot's own and its world's slot BVHs describe it
+    (slot_index), else None: the kernels then get a placeholder (_placeholder_ids) and visit every
+    slot."""
     if snapshot is not None and snapshot.mesh_idx is mesh_idx and snapshot.mesh_pose_inverse is mesh_pose_inverse:
         ids = snapshot.slot_bvh()
         if ids is not None and ids.device == device and ids.shape[0] == mesh_idx.shape[0] + 1:
             return ids
+    return None
+
+
+def _placeholder_ids(device: torch.device) -> torch.Tensor:
+    """A (1,) int64 tensor holding the id of a BVH no query meets, per device (kept for good)."""
     entry = _no_slot_bvh.get(device)
     if entry is None:
         from robot_sdf.slot_index import placeholder_bvh
@@ -309,8 +315,9 @@ def constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_pos
     """(weight, activation_distance, max_distance, world) as launch arguments: three scalar
     descriptors and the WorldValue, after the same checks as on every call. ``snapshot``: the
     MeshWorld snapshot the world tensors come from, if any (its slot BVHs, slot_bvh_ids)."""
+    slot_bvh = None if snapshot is None else slot_bvh_ids(snapshot, mesh_idx, mesh_pose_inverse, device)
     return _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
-                         sign_method, slot_bvh_ids(snapshot, mesh_idx, mesh_pose_inverse, device), device)
+                         sign_method, slot_bvh, device)
 
 
 def _world_arguments(sign_method, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device: torch.device) -> tuple:
@@ -324,8 +331,8 @@ def _world_arguments(sign_method, mesh_idx, mesh_pose_inverse, mesh_enable, n_en
 
 
 def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
-                  sign_method, slot_bvh: torch.Tensor, device: torch.device) -> tuple:
-    """constant_arguments' values, kept per set of argument tensors."""
+                  sign_method, slot_bvh: torch.Tensor | None, device: torch.device) -> tuple:
+    """constant_arguments' values, kept per set of argument tensors; slot_bvh None: the placeholder."""
     global _last_set
     last = _last_set
     if last is not None and last[1] is weight and last[2] is activation_distance and last[3] is max_dist \
@@ -357,18 +364,20 @@ def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inv
             return values
     world, converted, code, slot_signs = _world_arguments(sign_method, mesh_idx, mesh_pose_inverse, mesh_enable,
                                                          n_env_mesh, device)
+    ids = _placeholder_ids(device) if slot_bvh is None else slot_bvh
     values = (scalar_descriptor(weight, device), scalar_descriptor(activation_distance, device),
-              scalar_descriptor(max_dist, device), world_value(world, code, slot_signs, descriptor(slot_bvh)))
+              scalar_descriptor(max_dist, device), world_value(world, code, slot_signs, descriptor(ids)))
     # Kept only when nothing in it is a per-call copy and no call-wide winding_number check
     # (which reads the mesh ids on every call) is involved.
     if key is not None and _is_kept_scalar(weight, device) and _is_kept_scalar(activation_distance, device) \
             and _is_kept_scalar(max_dist, device) \
             and (sign_method.dtype == torch.uint8 and sign_method.is_contiguous() if per_slot else code != _WINDING):
-        tensors = (weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
-                   slot_bvh)
+        tensors = (weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh)
         tensors += (sign_method,) if per_slot else ()
+        # A snapshot's slot BVH ids (the placeholder is robot_sdf's own, kept unchanged for good).
+        tensors += (slot_bvh,) if slot_bvh is not None else ()
         # Positions of the tensors whose values the entry depends on.
-        content_at = ((3, 8) if per_slot else ()) + ((3, 4, 5, 6) if converted else ())
+        content_at = ((3, 7) if per_slot else ()) + ((3, 4, 5, 6) if converted else ())
         check = _validator(tensors, bool(content_at))
         if check is not None:
             if len(_constant_sets) >= _DESCRIPTOR_CACHE_SIZE:
