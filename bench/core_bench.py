@@ -36,10 +36,9 @@ from bench import scenes
 from bench.curobo_style import CuroboStyleRunner
 from bench.legacy_swept import legacy_swept_sphere_cost_kernel
 from robot_sdf import MeshWorld, SignMethod, adopt_meshes, kernels
-from robot_sdf.launch import descriptor as _as_warp, launch_kernel as _launch
-from robot_sdf.warp_primitives import (SdfMeshWarpPy, SweptSdfMeshWarpPy, _sign_arguments,
-                                       _slot_bvh_arguments,
-                                       launch_swept_sphere_cost, warp_device)
+from robot_sdf.launch import descriptor as _as_warp, launch_kernel as _launch, warp_device
+from robot_sdf.warp_primitives import SdfMeshWarpPy, SweptSdfMeshWarpPy, launch_swept_sphere_cost
+from robot_sdf.world_args import constant_arguments
 
 wp.set_module_options({"enable_backward": False})
 
@@ -205,11 +204,11 @@ class LegacySweptRunner:
 
     def __call__(self) -> None:
         r, s = self.runner, self.runner.snap
-        inputs = [_as_warp(r.spheres.view(-1, 4), dtype=wp.vec4), _as_warp(r.weight), _as_warp(r.eta),
-                  _as_warp(r.max_dist), _as_warp(s.mesh_idx), _as_warp(s.mesh_pose_inverse),
-                  _as_warp(s.mesh_enable), _as_warp(s.n_env_mesh), self.shape[1], self.shape[2], self.sweep_steps,
-                  *_sign_arguments(s.sign_method, s.mesh_idx, r.world.device),
-                  _slot_bvh_arguments(s, s.mesh_idx, s.mesh_pose_inverse, r.world.device)[1]]
+        # The scalars and the World (every slot visited: no snapshot's slot BVHs).
+        constants = constant_arguments(r.weight, r.eta, r.max_dist, s.mesh_idx, s.mesh_pose_inverse, s.mesh_enable,
+                                       s.n_env_mesh, s.sign_method, r.world.device)
+        inputs = [_as_warp(r.spheres.view(-1, 4), dtype=wp.vec4), *constants, self.shape[1], self.shape[2],
+                  self.sweep_steps]
         outputs = [_as_warp(r.cost.view(-1)), _as_warp(r.grad.view(-1, 4), dtype=wp.vec4),
                    _as_warp(self.evaluations.view(-1))]
         _launch(legacy_swept_sphere_cost_kernel, r.count, inputs, outputs, r.world.device)

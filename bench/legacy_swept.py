@@ -22,16 +22,10 @@ def legacy_swept_sphere_cost_kernel(
     weight: wp.array(dtype=wp.float32),
     activation_distance: wp.array(dtype=wp.float32),
     max_distance: wp.array(dtype=wp.float32),
-    mesh_idx: wp.array2d(dtype=wp.int64),
-    pose_inv: wp.array3d(dtype=wp.float32),
-    mesh_enable: wp.array2d(dtype=wp.uint8),
-    n_env_mesh: wp.array(dtype=wp.int32),
+    world: kernels.World,
     horizon: int,
     spheres_per_step: int,
     sweep_steps: int,
-    sign_method: int,
-    slot_sign: wp.array2d(dtype=wp.uint8),
-    slot_bvh: wp.array(dtype=wp.uint64),
     start: int,
     total: int,
     out_cost: wp.array(dtype=wp.float32),
@@ -53,9 +47,7 @@ def legacy_swept_sphere_cost_kernel(
     evaluations = int(0)
     if radius >= 0.0:
         clearance0 = float(0.0)
-        cost, grad, clearance0 = kernels.sphere_world_cost(
-            p, radius, eta, max_dist, 0, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign, slot_bvh
-        )
+        cost, grad, clearance0 = kernels.sphere_world_cost(p, radius, eta, max_dist, 0, world)
         evaluations = int(1)
         for side in range(2):
             neighbour_step = step - 1 + 2 * side
@@ -77,9 +69,7 @@ def legacy_swept_sphere_cost_kernel(
                 q = p + direction * tau
                 cq = float(0.0)
                 gq = wp.vec3(0.0, 0.0, 0.0)
-                cq, gq, clearance = kernels.sphere_world_cost(
-                    q, radius, eta, max_dist, 0, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign, slot_bvh
-                )
+                cq, gq, clearance = kernels.sphere_world_cost(q, radius, eta, max_dist, 0, world)
                 evaluations += 1
                 cost += cq
                 grad += gq

@@ -30,13 +30,13 @@ from robot_sdf.cost_inputs import (env_rows, output_buffers, prepare_env_index, 
 from robot_sdf.warp_primitives import (
     _INTRA_OP_GRAIN,
     SphereCostArgs,
-    SweptSdfMeshWarpPy,
     fold_spheres_env,
     hessian_product,
     launch_sphere_cost_fresh,
     launch_swept_sphere_cost,
     sphere_cost_jvp,
     sphere_cost_vjp,
+    swept_cost_of_snapshot,
     unfold_batch,
 )
 
@@ -147,7 +147,7 @@ def sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, env_index=
     w, eta, max_d = scalar_tensors(world, activation_distance, weight, max_distance)
     with world.reading() as snap:
         args = SphereCostArgs(w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
-                              False, snap, _transforms_active())
+                              False, snap.sign_methods, _transforms_active(), snapshot=snap)
         cost = _SphereCost.apply(s, env, args)[0] if args.second_order else _EagerSphereCost.apply(s, env, args)
     return cost if spheres.dtype is torch.float32 else _as_input_dtype(cost, spheres)
 
@@ -168,10 +168,8 @@ def swept_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, swee
     # Partials only when a gradient may be asked for (a no-grad rollout skips them).
     want = _internals.may_need_gradient(s)
     with world.reading() as snap:
-        cost = SweptSdfMeshWarpPy.apply(s, cost, grad, sparsity, w, eta, dt, snap.mesh_idx,
-                                        snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
-                                        int(sweep_steps), bool(enable_speed_metric), env, False, snap,
-                                        want)
+        cost = swept_cost_of_snapshot(s, cost, grad, sparsity, w, eta, dt, snap, max_d, sweep_steps,
+                                      enable_speed_metric, env, want)
     return _as_input_dtype(cost, spheres)
 
 
@@ -196,7 +194,7 @@ def signed_distance(world, points, env=0, max_distance=None, return_revision=Fal
     env_index = env_rows(world.device, int(env))
     with world.reading() as snap:
         args = SphereCostArgs(w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
-                              True, snap, _transforms_active())
+                              True, snap.sign_methods, _transforms_active(), snapshot=snap)
         dist, grad = _sphere_cost_apply(spheres, env_index, args)
         revision = snap.revision
     result = (_as_input_dtype(dist.reshape(-1), pts), grad.detach().reshape(-1, 4)[:, :3])
@@ -215,7 +213,7 @@ def evaluate_sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, e
     with world.reading() as snap:
         launch_sphere_cost_fresh(s, cost, grad, sparsity, w, eta, snap.mesh_idx, snap.mesh_pose_inverse,
                                  snap.mesh_enable, snap.n_env_mesh, max_d, env, compute_grad=compute_gradient,
-                                 sign_method=snap)
+                                 sign_method=snap.sign_methods, snapshot=snap)
         revision = snap.revision
     result = (cost, grad[..., :3] if compute_gradient else None)
     return result + (revision,) if return_revision else result
@@ -236,7 +234,7 @@ def evaluate_swept_sphere_cost(world, spheres, activation_distance=0.05, weight=
     with world.reading() as snap:
         launch_swept_sphere_cost(s, cost, grad, sparsity, w, eta, dt, snap.mesh_idx, snap.mesh_pose_inverse,
                                  snap.mesh_enable, snap.n_env_mesh, max_d, int(sweep_steps), bool(enable_speed_metric),
-                                 env, compute_grad=compute_gradient, sign_method=snap)
+                                 env, compute_grad=compute_gradient, sign_method=snap.sign_methods, snapshot=snap)
         revision = snap.revision
     result = (cost, grad[..., :3] if compute_gradient else None)
     return result + (revision,) if return_revision else result

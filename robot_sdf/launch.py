@@ -9,8 +9,10 @@
 The shortcuts write into Warp's private Launch objects and kernel hooks: they are used only on
 the Warp versions robot_sdf._internals.WARP_SHORTCUTS lists; elsewhere every launch is Warp's
 public ``wp.launch`` (test/cuda_paths_test.py checks that both give the same results).
-Array arguments travel as launch descriptors (Warp's array_t, built by ``descriptor``), scalars
-as Python numbers matching the kernel's types.
+Array arguments travel as launch descriptors (Warp's array_t, built by ``descriptor``), struct
+arguments as the struct's C value (a ctypes structure with ``__ctype__``, such as
+robot_sdf.world_args.WorldValue: what Warp's launches take of a struct instance), scalars as
+Python numbers matching the kernel's types.
 """
 from __future__ import annotations
 
@@ -135,8 +137,8 @@ class _CpuCall:
     (what Warp's own replay does, minus building and filling a fresh struct on every call): only
     the arguments that changed since the last call are written.
 
-    Two ways to fill it: ``__call__(args)`` with the whole argument list (descriptors, wp.arrays,
-    numbers), or, for the per-call fast path, ``set_constants`` (a tuple of values reused across
+    Two ways to fill it: ``__call__(args)`` with the whole argument list (descriptors, struct
+    values, wp.arrays, numbers), or, for the per-call fast path, ``set_constants`` (a tuple of values reused across
     calls, written only when a different tuple comes), ``set_flats`` (contiguous tensors written
     straight into 1-D array arguments, no descriptor objects) and ``set_values``, then
     ``run()``."""
@@ -171,7 +173,7 @@ class _CpuCall:
         self.run()
 
     def set_constants(self, positions: tuple, values: tuple) -> None:
-        """Write ``values`` (descriptors or numbers) to the arguments at ``positions``, unless this
+        """Write ``values`` (descriptors, struct values or numbers) to the arguments at ``positions``, unless this
         very tuple was the last one written (callers keep one tuple per set of world tensors, and
         never pass those positions to set_flats or set_values)."""
         if values is self.constants:
@@ -235,12 +237,13 @@ def _replay(kernel, wdev, total: int, args: list, stream=None) -> None:
         fast(args)
         return
     # The packed argument list: params[0] is the launch bounds, params[i + 1] argument i. Array
-    # descriptors replace their slot (and, on CUDA, its address); scalars are written in place.
+    # descriptors and struct values replace their slot (and, on CUDA, its address); scalars are
+    # written in place.
     params, addresses, recorded = cmd.params, cmd.params_addr, cmd.fwd_args
     for i, value in enumerate(args):
         if isinstance(value, wp.array):
             value = value.__ctype__()
-        if isinstance(value, ArrayDescriptor):
+        if isinstance(value, ctypes.Structure):
             if params[i + 1] is not value:
                 params[i + 1] = value
                 if addresses:
@@ -249,6 +252,12 @@ def _replay(kernel, wdev, total: int, args: list, stream=None) -> None:
             params[i + 1].value = value
         recorded[i] = value
     cmd.launch(stream) if stream is not None else cmd.launch()
+
+
+def argument_positions(kernel, *names: str) -> tuple[int, ...]:
+    """Positions of the named arguments in ``kernel``'s signature (for _CpuCall's setters)."""
+    labels = [arg.label for arg in kernel.adj.args]
+    return tuple(labels.index(name) for name in names)
 
 
 def direct_cpu_call(kernel, device: torch.device, total: int) -> _CpuCall | None:

@@ -55,7 +55,7 @@ def _world(handle: int):
 def _args(world, snap, activation_distance: float, weight: float, max_distance: Optional[float], esdf: bool):
     w, eta, max_d = scalar_tensors(world, activation_distance, weight, max_distance)
     return SphereCostArgs(w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
-                          esdf, snap)
+                          esdf, snap.sign_methods, snapshot=snap)
 
 
 def _max(max_distance: float) -> Optional[float]:
@@ -149,7 +149,7 @@ def _swept_sphere_cost(spheres: torch.Tensor, world: int, activation_distance: f
         partials = launch_swept_sphere_cost(s, cost, grad, sparsity, weight_t, eta, dt, snap.mesh_idx,
                                             snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
                                             sweep_steps, speed_metric, env, compute_grad=True,
-                                            sign_method=snap)
+                                            sign_method=snap.sign_methods, snapshot=snap)
     return cost, partials.buffer
 
 

@@ -12,10 +12,12 @@ uses each mesh's own method as MeshWorld (or adopt_meshes) recorded it in the me
 and Warp's normal-sign query for a mesh built elsewhere and not adopted: such meshes are passed
 as they are (nothing is read back through their ids), searched out to max_dist + r + eta as
 cuRobo does, plus robot_sdf's two corrections (deep centres costed, outputs fully rewritten).
-A MeshWorld's WorldSnapshot itself may be passed there too (MeshWorld's own evaluations do): its
-per-slot sign methods are used and, where its world's slot BVHs describe it, a sphere visits only
-the slots near it (robot_sdf.slot_index); otherwise every slot of the sphere's environment is
-visited. A ``winding_number`` slot whose mesh MeshWorld built without winding-number support is
+A MeshWorld's WorldSnapshot itself may be passed there too: its per-slot sign methods are used
+and, where its world's slot BVHs describe it, a sphere visits only the slots near it
+(robot_sdf.slot_index); otherwise every slot of the sphere's environment is visited. Below the
+public ``apply`` the two travel apart (sign_and_snapshot): ``sign_method`` holds a sign method
+only, the snapshot its own ``snapshot`` argument, as in every launch function here and in
+MeshWorld's own evaluations. A ``winding_number`` slot whose mesh MeshWorld built without winding-number support is
 refused (ValueError): Warp would read memory the mesh does not have. The tensors may live on the CPU or on CUDA (the mesh tensors on
 the spheres' device); Warp runs there, on torch's current stream. Outputs are fully rewritten on
 every call; gradients are computed only when query_spheres requires grad (else out_grad is
@@ -37,354 +39,14 @@ once_differentiable error. float64 spheres are refused (ValueError): the buffers
 """
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 import torch
 import warp as wp
 
 from robot_sdf import _internals, kernels
-from robot_sdf.launch import (descriptor, direct_cpu_call, flat_descriptor,
-                              launch_kernel, owning_descriptor, warp_device)
+from robot_sdf.launch import argument_positions, descriptor, direct_cpu_call, flat_descriptor, launch_kernel
 from robot_sdf.types import SignMethod, WorldSnapshot
-
-# Descriptors of tensors that callers keep across calls (a snapshot's tensors, cached scalar
-# constants), keyed by the tensors' identities. An entry holds the tensors themselves, so an id is
-# never reused while its entry exists, and it is checked on every use against every tensor it
-# wraps (_validator): a caller may set_() or resize a kept tensor, or write into it in place.
-_descriptor_cache: dict = {}
-_DESCRIPTOR_CACHE_SIZE = 64
-_data_ptr = torch.Tensor.data_ptr
-_version_of = operator.attrgetter("_version")
-_shape_of = operator.attrgetter("shape")
-_stride_of = torch.Tensor.stride
-_is_inference = torch.Tensor.is_inference
-
-
-def _tracked(tensors: tuple) -> tuple:
-    """Addresses and version counters of ``tensors``. torch bumps a tensor's version on every
-    in-place change, of its metadata too (set_, resize_, as_strided_, transpose_, ...), so equal
-    versions and addresses mean the shapes and strides baked into a descriptor still hold, at about
-    half the cost of reading them (the per-call path). Not seen: ``t.data = other``, which torch's
-    autograd does not track either."""
-    return tuple(map(_data_ptr, tensors)), tuple(map(_version_of, tensors))
-
-
-def _layout(tensors: tuple) -> tuple:
-    """Addresses, shapes and strides of ``tensors``: for inference tensors (no version counter)."""
-    return tuple(map(_data_ptr, tensors)), tuple(map(_shape_of, tensors)), tuple(map(_stride_of, tensors))
-
-
-def _validator(tensors: tuple, content: bool):
-    """How an entry over ``tensors`` is checked on every use (_tracked or _layout), or None when it
-    must not be kept: ``content`` entries depend on the values of the tensors (converted copies,
-    the winding-number check of sign tensors), which only a version counter follows."""
-    if any(map(_is_inference, tensors)):
-        return None if content else _layout
-    return _tracked
-
-
-def _cached(key: tuple, tensors: tuple, build, content=False):
-    """build(), kept under ``key`` while every one of ``tensors`` is unchanged (see _validator);
-    ``content`` a bool, or a callable deciding it from the built value."""
-    entry = _descriptor_cache.get(key)
-    if entry is not None:
-        kept, signature, value, check, layout = entry
-        if check(kept) == signature:
-            return value
-        if layout is not None and _layout(kept) == layout:
-            # Only values were written in place (a caller updating poses, say): descriptors of
-            # the tensors' own memory still hold.
-            _descriptor_cache[key] = (kept, check(kept), value, check, layout)
-            return value
-    value = build()
-    content = content(value) if callable(content) else content
-    check = _validator(tensors, content)
-    if check is not None:
-        if len(_descriptor_cache) >= _DESCRIPTOR_CACHE_SIZE:
-            _descriptor_cache.clear()
-        layout = None if content or check is _layout else _layout(tensors)
-        _descriptor_cache[key] = (tensors, check(tensors), value, check, layout)
-    return value
-
-
-def _scalar(t, device: torch.device) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        t = torch.tensor([float(t)], dtype=torch.float32)
-    if t.device == device and t.dtype == torch.float32 and t.dim() == 1 and t.shape[0] >= 1:
-        return t
-    return t.reshape(-1)[:1].to(device=device, dtype=torch.float32)
-
-
-def _scalar_warp(t, device: torch.device):
-    """Descriptor of a (1,) float32 scalar tensor on ``device`` (cached for tensors kept by the caller)."""
-    if isinstance(t, torch.Tensor) and t.device == device and t.dtype == torch.float32 and t.dim() == 1:
-        return _cached(("scalar", id(t)), (t,), lambda: descriptor(t))
-    return owning_descriptor(_scalar(t, device))
-
-
-def _ready(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    if t.device == device and t.dtype == dtype and t.is_contiguous():
-        return t
-    return t.to(device=device, dtype=dtype).contiguous()
-
-
-_no_env_query: dict[torch.device, torch.Tensor] = {}
-_no_slot_sign: dict[torch.device, torch.Tensor] = {}
-# Warp mesh id -> built with winding-number support, for the meshes MeshWorld builds.
-_winding_support: dict[int, bool] = {}
-# kernels.SIGN_PER_SLOT: the kernels read the per-slot tensor.
-_SIGN_PER_SLOT = kernels.SIGN_PER_SLOT
-
-
-def register_mesh(mesh_id: int, winding_number: bool) -> None:
-    """Record whether a Warp mesh (by id) supports winding-number queries."""
-    _winding_support[int(mesh_id)] = bool(winding_number)
-
-
-def unregister_mesh(mesh_id: int) -> None:
-    _winding_support.pop(int(mesh_id), None)
-
-
-# Per device: (a (1,) int64 tensor holding the id of a BVH no query meets, that BVH, its descriptor).
-_no_slot_bvh: dict[torch.device, tuple] = {}
-
-
-def _slot_bvh_arguments(sign_method, mesh_idx: torch.Tensor, mesh_pose_inverse: torch.Tensor,
-                        device: torch.device) -> tuple:
-    """(the sign method to use, the kernels' slot_bvh descriptor).
-
-    The trailing argument may be a WorldSnapshot (what MeshWorld's evaluations pass): its per-slot
-    sign methods are used and, when the call's mesh tensors are the snapshot's own and its world's
-    slot BVHs describe it (slot_index), so are those; anything else visits every slot."""
-    if type(sign_method) is WorldSnapshot:
-        snap = sign_method
-        sign_method = snap.sign_methods if snap.sign_methods is not None else snap.sign_method
-        ids = snap.slot_bvh() if snap.mesh_idx is mesh_idx and snap.mesh_pose_inverse is mesh_pose_inverse else None
-        if ids is not None and ids.device == device and ids.shape[0] == mesh_idx.shape[0] + 1:
-            return sign_method, _cached(("slot_bvh", id(ids)), (ids,), lambda: descriptor(ids))
-    entry = _no_slot_bvh.get(device)
-    if entry is None:
-        from robot_sdf.slot_index import placeholder_bvh
-
-        bvh = placeholder_bvh(warp_device(device))
-        ids = torch.tensor([np.uint64(bvh.id).astype(np.int64)], dtype=torch.int64, device=device)
-        entry = _no_slot_bvh.setdefault(device, (ids, bvh, descriptor(ids)))
-    return sign_method, entry[2]
-
-
-def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device) -> tuple:
-    """(scalar code, (n_env, m) uint8 Warp array) for the kernels' sign arguments: one method for
-    every slot (the array then unused), or _SIGN_PER_SLOT and the caller's per-slot tensor."""
-    if isinstance(sign_method, torch.Tensor):
-        if tuple(sign_method.shape) != tuple(mesh_idx.shape):
-            raise ValueError(f"sign_method tensor must be (n_env, m) = {tuple(mesh_idx.shape)} like mesh_idx, "
-                             f"got {tuple(sign_method.shape)}")
-        if sign_method.device != device:
-            raise ValueError(f"sign_method tensor is on {sign_method.device}, the spheres on {device}")
-        ready = _ready(sign_method, device, torch.uint8)
-        if ready is sign_method:
-            return _SIGN_PER_SLOT, _cached(("sign", id(ready), id(mesh_idx)), (ready, mesh_idx),
-                                           lambda: _checked_slot_signs(ready, mesh_idx), content=True)
-        return _SIGN_PER_SLOT, _checked_slot_signs(ready, mesh_idx)
-    method = SignMethod.parse(sign_method)
-    if method == SignMethod.WINDING_NUMBER:
-        _check_call_wide_winding(mesh_idx)
-    unused = _no_slot_sign.get(device)
-    if unused is None:
-        with _internals.plain_tensors():
-            unused = _no_slot_sign.setdefault(device, torch.zeros((1, 1), dtype=torch.uint8, device=device))
-    return int(method), _cached(("no_sign", id(unused)), (unused,), lambda: descriptor(unused))
-
-
-def _check_call_wide_winding(mesh_idx: torch.Tensor) -> None:
-    """Refuse a call-wide winding_number on any mesh of the world built without support: a host
-    copy of the ids (a device sync on CUDA), only for this override."""
-    _check_winding_support(mesh_idx.detach().reshape(-1).cpu().numpy().astype(np.uint64))
-
-
-def _check_winding_support(ids: np.ndarray) -> None:
-    for mesh_id in np.unique(ids[ids != 0]):
-        if _winding_support.get(int(mesh_id)) is False:
-            raise ValueError(
-                "sign_method winding_number: a mesh of this world was built without winding-number "
-                "support; add it with sign_method='winding_number' (or let auto choose it), or pass "
-                "the world's per-slot snapshot().sign_methods")
-
-
-def _checked_slot_signs(signs: torch.Tensor, mesh_idx: torch.Tensor):
-    """Descriptor of a per-slot sign tensor, after refusing values that are no SignMethod and
-    winding_number on any slot whose mesh has no winding-number data (Warp would read memory the
-    mesh does not have; on CUDA an illegal address ends the process's CUDA context). A host copy,
-    so callers cache the result per tensor."""
-    host = signs.detach().cpu().numpy()
-    if host.size and int(host.max()) > int(SignMethod.AUTO):
-        raise ValueError(f"sign_method tensor holds {int(host.max())}: each slot's value must be a SignMethod "
-                         f"(0..{int(SignMethod.AUTO)})")
-    wanted = host == int(SignMethod.WINDING_NUMBER)
-    if wanted.any():
-        _check_winding_support(mesh_idx.detach().cpu().numpy().astype(np.uint64)[wanted])
-    return owning_descriptor(signs)
-
-
-def _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device) -> tuple:
-    """Validated descriptors of the world tensors; a snapshot's tensors (the same objects call after
-    call) are validated and wrapped once."""
-    if mesh_idx.device != device:
-        raise ValueError(f"mesh_idx is on {mesh_idx.device} but query_spheres on {device}: "
-                         "the world and the spheres must share a device")
-    tensors = (mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh)
-    # The entry keeps the tensors it describes (converted copies included) alive.
-    return _cached(("world", device) + tuple(map(id, tensors)), tensors,
-                   lambda: _world_descriptors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device),
-                   content=lambda built: _converted(built[0], tensors))[0]
-
-
-def _converted(descriptors, tensors) -> bool:
-    """Whether any descriptor describes a converted copy rather than its tensor's own memory."""
-    return any(d.data != _data_ptr(t) for d, t in zip(descriptors, tensors))
-
-
-def _world_descriptors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device) -> tuple:
-    if mesh_idx.dim() != 2:
-        raise ValueError(f"mesh_idx must be (n_env, m), got {tuple(mesh_idx.shape)}")
-    n_env, m = mesh_idx.shape
-    if tuple(mesh_pose_inverse.shape) != (n_env, m, 8):
-        raise ValueError(f"mesh_pose_inverse must be ({n_env}, {m}, 8), got {tuple(mesh_pose_inverse.shape)}")
-    if tuple(mesh_enable.shape) != (n_env, m):
-        raise ValueError(f"mesh_enable must be ({n_env}, {m}), got {tuple(mesh_enable.shape)}")
-    if tuple(n_env_mesh.reshape(-1).shape) != (n_env,):
-        raise ValueError(f"n_env_mesh must be ({n_env},), got {tuple(n_env_mesh.shape)}")
-    # Mesh ids are addresses on the device the meshes were built on: never move them.
-    if mesh_idx.device != device:
-        raise ValueError(f"mesh_idx is on {mesh_idx.device} but query_spheres on {device}: "
-                         "the world and the spheres must share a device")
-    ready = (_ready(mesh_idx, device, torch.int64), _ready(mesh_pose_inverse, device, torch.float32),
-             _ready(mesh_enable, device, torch.uint8), _ready(n_env_mesh.reshape(-1), device, torch.int32))
-    # Owning descriptors: an entry that is not kept (see _validator) must still keep converted
-    # copies alive until the launch.
-    return tuple(map(owning_descriptor, ready)), ready
-
-
-def _env_tensor(env_query_idx, batch: int, device: torch.device) -> tuple[torch.Tensor, int]:
-    """(contiguous (batch,) int32 tensor on ``device``, 1) for env_query_idx, or (an unused
-    one-element tensor, 0) for None."""
-    if env_query_idx is None:
-        unused = _no_env_query.get(device)
-        if unused is None:
-            with _internals.plain_tensors():
-                unused = _no_env_query.setdefault(device, torch.zeros(1, dtype=torch.int32, device=device))
-        return unused, 0
-    env = env_query_idx.reshape(-1)
-    if env.shape[0] != batch:
-        raise ValueError(f"env_query_idx must have one entry per batch row ({batch}), got {env.shape[0]}")
-    return _ready(env, device, torch.int32), 1
-
-
-def _env_descriptor(env: torch.Tensor, use: int):
-    """Launch descriptor of _env_tensor's tensor (cached for the unused one)."""
-    if not use:
-        return _cached(("no_env", id(env)), (env,), lambda: descriptor(env))
-    return owning_descriptor(env)
-
-
-def _env_query(env_query_idx, batch: int, device: torch.device):
-    env, use = _env_tensor(env_query_idx, batch, device)
-    return _env_descriptor(env, use), use
-
-
-# Launch arguments that callers keep across calls: the three scalar tensors, the four world
-# tensors and the sign arguments, validated and converted together once per set of tensors
-# (keyed by identities, checked against every tensor as _cached does).
-_constant_sets: dict = {}
-# (device, the eight arguments, entry) of the last set served: a caller repeating its arguments
-# (the common case) skips building and hashing the key; the entry is checked all the same.
-_last_set: tuple | None = None
-_WINDING = int(SignMethod.WINDING_NUMBER)
-
-
-def _is_kept_scalar(t, device: torch.device) -> bool:
-    """A scalar tensor _scalar_warp describes without a per-call copy."""
-    return isinstance(t, torch.Tensor) and t.device == device and t.dtype == torch.float32 and t.dim() == 1
-
-
-def _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
-                        sign_method, device: torch.device) -> tuple:
-    """(weight, activation_distance, max_distance, mesh_idx, pose_inverse, enable, n_env_mesh,
-    sign code, slot signs, slot BVHs) as launch arguments, after the same checks as on every call."""
-    if type(sign_method) is WorldSnapshot:
-        sign_method, slot_bvh = _slot_bvh_arguments(sign_method, mesh_idx, mesh_pose_inverse, device)
-        return _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
-                             n_env_mesh, sign_method, device)[:-1] + (slot_bvh,)
-    return _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
-                         sign_method, device)
-
-
-def _world_arguments(sign_method, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device: torch.device) -> tuple:
-    """(the four world descriptors the kernels read, whether the caller's own tensors were
-    converted, sign code, slot signs). The caller's mesh ids are passed as they are: meshes built
-    elsewhere get robot_sdf's sign regimes only through robot_sdf.adopt_meshes."""
-    world = _check_world_tensors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)
-    code, slot_signs = _sign_arguments(sign_method, mesh_idx, device)
-    converted = _converted(world, (mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh))
-    return world, converted, code, slot_signs
-
-
-def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
-                  sign_method, device: torch.device) -> tuple:
-    """_constant_arguments' values, kept per set of argument tensors."""
-    global _last_set
-    last = _last_set
-    if last is not None and last[1] is weight and last[2] is activation_distance and last[3] is max_dist \
-            and last[4] is mesh_idx and last[5] is mesh_pose_inverse and last[6] is mesh_enable \
-            and last[7] is n_env_mesh and last[8] is sign_method and last[0] == device:
-        entry = last[9]
-        if entry[3](entry[0]) == entry[1]:
-            return entry[2]
-    per_slot = isinstance(sign_method, torch.Tensor)
-    key = (device, id(weight), id(activation_distance), id(max_dist), id(mesh_idx), id(mesh_pose_inverse),
-           id(mesh_enable), id(n_env_mesh), id(sign_method) if per_slot else sign_method)
-    try:
-        entry = _constant_sets.get(key)
-    except TypeError:  # an unhashable sign_method: SignMethod.parse below says what is wrong
-        entry = key = None
-    if entry is not None:
-        kept, signature, values, check, layout, content_at = entry
-        now = check(kept)
-        if now != signature:
-            # Values written in place keep the entry when none of them was read to build it
-            # (the per-slot signs and mesh ids for the winding-number check, converted copies).
-            if layout is None or any(now[1][i] != signature[1][i] for i in content_at) or _layout(kept) != layout:
-                entry = None
-            else:
-                _constant_sets[key] = entry = (kept, now, values, check, layout, content_at)
-        if entry is not None:
-            _last_set = (device, weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
-                         n_env_mesh, sign_method, entry)
-            return values
-    world, converted, code, slot_signs = _world_arguments(sign_method, mesh_idx, mesh_pose_inverse, mesh_enable,
-                                                         n_env_mesh, device)
-    values = (_scalar_warp(weight, device), _scalar_warp(activation_distance, device), _scalar_warp(max_dist, device),
-              *world, code, slot_signs,
-              _slot_bvh_arguments(None, mesh_idx, mesh_pose_inverse, device)[1])  # the loop's placeholder
-    # Kept only when nothing in it is a per-call copy and no call-wide winding_number check
-    # (which reads the mesh ids on every call) is involved.
-    if key is not None and _is_kept_scalar(weight, device) and _is_kept_scalar(activation_distance, device) \
-            and _is_kept_scalar(max_dist, device) \
-            and (sign_method.dtype == torch.uint8 and sign_method.is_contiguous() if per_slot else values[7] != _WINDING):
-        tensors = (weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh)
-        tensors += (sign_method,) if per_slot else ()
-        # Positions of the tensors whose values the entry depends on.
-        content_at = ((3, 7) if per_slot else ()) + ((3, 4, 5, 6) if converted else ())
-        check = _validator(tensors, bool(content_at))
-        if check is not None:
-            if len(_constant_sets) >= _DESCRIPTOR_CACHE_SIZE:
-                _constant_sets.clear()
-            layout = _layout(tensors) if check is _tracked else None
-            _constant_sets[key] = entry = (tensors, check(tensors), values, check, layout, content_at)
-            _last_set = (device, weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse,
-                         mesh_enable, n_env_mesh, sign_method, entry)
-    return values
+from robot_sdf.world_args import constant_arguments, env_descriptor, env_query, env_tensor, scalar_descriptor
 
 
 class _Outputs:
@@ -438,21 +100,24 @@ def _check_spheres(query_spheres: torch.Tensor) -> tuple[int, int, int]:
 def launch_sphere_cost(
     query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
     mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx=None,
-    compute_esdf: bool = False, compute_grad: bool = True, sign_method=SignMethod.AUTO,
+    compute_esdf: bool = False, compute_grad: bool = True, sign_method=SignMethod.AUTO, snapshot=None,
 ) -> None:
-    """Fill out_cost (b,h,n), out_grad (b,h,n,4) and sparsity_idx for SdfMeshWarpPy's cost."""
+    """Fill out_cost (b,h,n), out_grad (b,h,n,4) and sparsity_idx for SdfMeshWarpPy's cost.
+
+    ``snapshot``: the MeshWorld snapshot the world tensors come from, if any (its slot BVHs:
+    robot_sdf.world_args.slot_bvh_ids); ``sign_method`` is then usually its ``sign_methods``."""
     b, h, n = _check_spheres(query_spheres)
     outs = _Outputs(out_cost, out_grad, sparsity_idx, (b, h, n), query_spheres.device)
     _sphere_cost_into(query_spheres, outs.cost, outs.grad, outs.sparsity, b, h, n, weight, activation_distance,
                       mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx, compute_esdf,
-                      compute_grad, sign_method)
+                      compute_grad, sign_method, snapshot)
     outs.finish()
 
 
 def launch_sphere_cost_fresh(query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
                              mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx=None,
                              compute_esdf: bool = False, compute_grad: bool = True,
-                             sign_method=SignMethod.AUTO) -> None:
+                             sign_method=SignMethod.AUTO, snapshot=None) -> None:
     """launch_sphere_cost for output buffers the caller has just made for this call, as
     robot_sdf.cost does: query_spheres (b,h,n,4) float32, out_cost (b,h,n) and out_grad (b,h,n,4)
     float32, sparsity_idx (b,h,n) uint8, all contiguous on the spheres' device (the checks
@@ -460,38 +125,43 @@ def launch_sphere_cost_fresh(query_spheres, out_cost, out_grad, sparsity_idx, we
     b, h, n, _ = query_spheres.shape
     _sphere_cost_into(query_spheres, out_cost, out_grad, sparsity_idx, b, h, n, weight, activation_distance,
                       mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx, compute_esdf,
-                      compute_grad, sign_method)
+                      compute_grad, sign_method, snapshot)
 
 
 def _sphere_cost_into(query_spheres, cost, grad, sparsity, b, h, n, weight, activation_distance, mesh_idx,
                       mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx, compute_esdf, compute_grad,
-                      sign_method) -> None:
+                      sign_method, snapshot) -> None:
     """The launch itself, into contiguous cost/grad/sparsity buffers of the right shapes."""
     device = query_spheres.device
     # Keep the contiguous tensor referenced until the launch: a descriptor holds only its address.
     spheres_data = query_spheres.detach().contiguous()
-    env, use_env = _env_tensor(env_query_idx, b, device)
-    constants = _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
-                                    n_env_mesh, sign_method, device)
+    env, use_env = env_tensor(env_query_idx, b, device)
+    constants = constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
+                                   n_env_mesh, sign_method, device, snapshot)
     total = b * h * n
     call = direct_cpu_call(kernels.sphere_cost_kernel, device, total)
     if call is not None:
         # Small CPU launches: the per-call tensors go straight into the recorded argument struct.
-        call.set_constants(_SPHERE_COST_CONSTANT_POSITIONS, constants)
-        call.set_flats(_SPHERE_COST_FLAT_POSITIONS, (spheres_data, env, cost, grad, sparsity))
-        call.set_values(_SPHERE_COST_VALUE_POSITIONS,
+        call.set_constants(_SPHERE_COST_CONSTANTS, constants)
+        call.set_flats(_SPHERE_COST_FLATS, (spheres_data, env, cost, grad, sparsity))
+        call.set_values(_SPHERE_COST_VALUES,
                         (use_env, h * n, int(bool(compute_esdf)), int(bool(compute_grad)), 0, total))
         call.run()
         return
-    inputs = [flat_descriptor(spheres_data, 16), *constants[:7], _env_descriptor(env, use_env), use_env, h * n, *constants[7:],
+    inputs = [flat_descriptor(spheres_data, 16), *constants, env_descriptor(env, use_env), use_env, h * n,
               int(bool(compute_esdf)), int(bool(compute_grad))]
-    launch_kernel(kernels.sphere_cost_kernel, total, inputs, [flat_descriptor(cost, 4), flat_descriptor(grad, 16), flat_descriptor(sparsity, 1)], device)
+    launch_kernel(kernels.sphere_cost_kernel, total, inputs,
+                  [flat_descriptor(cost, 4), flat_descriptor(grad, 16), flat_descriptor(sparsity, 1)], device)
 
 
-# sphere_cost_kernel's argument positions by kind, for the direct CPU call.
-_SPHERE_COST_CONSTANT_POSITIONS = (1, 2, 3, 4, 5, 6, 7, 11, 12, 13)
-_SPHERE_COST_FLAT_POSITIONS = (0, 8, 18, 19, 20)  # spheres, env_query, out_cost, out_grad, out_sparsity
-_SPHERE_COST_VALUE_POSITIONS = (9, 10, 14, 15, 16, 17)  # use_env, per batch, esdf, grad, start, total
+# sphere_cost_kernel's arguments by kind, for the direct CPU call: those constant_arguments gives,
+# the per-call tensors written as flat arrays, the per-call numbers.
+_SPHERE_COST_CONSTANTS = argument_positions(kernels.sphere_cost_kernel, "weight", "activation_distance",
+                                            "max_distance", "world")
+_SPHERE_COST_FLATS = argument_positions(kernels.sphere_cost_kernel, "spheres", "env_query", "out_cost", "out_grad",
+                                        "out_sparsity")
+_SPHERE_COST_VALUES = argument_positions(kernels.sphere_cost_kernel, "use_env_query", "spheres_per_batch",
+                                         "compute_esdf", "compute_grad", "start", "total")
 
 
 class SweptPartials:
@@ -533,7 +203,7 @@ def launch_swept_sphere_cost(
     query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt, mesh_idx,
     mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps: int = 1,
     enable_speed_metric: bool = False, env_query_idx=None, compute_grad: bool = True,
-    sign_method=SignMethod.AUTO, out_evaluations: torch.Tensor | None = None,
+    sign_method=SignMethod.AUTO, out_evaluations: torch.Tensor | None = None, snapshot=None,
 ) -> SweptPartials | None:
     """Fill the outputs with SweptSdfMeshWarpPy's cost (docs/design.md "Swept cost").
 
@@ -542,6 +212,7 @@ def launch_swept_sphere_cost(
     compute_grad). Returns the partials (for autograd with any grad_output) when compute_grad,
     else None. out_evaluations: optional (b,h,n) int32 tensor (contiguous, on the spheres'
     device) that receives the number of cost evaluations made per sphere (benchmarks).
+    ``snapshot``: as for launch_sphere_cost.
     """
     b, h, n = _check_spheres(query_spheres)
     if int(sweep_steps) < 0:
@@ -551,20 +222,19 @@ def launch_swept_sphere_cost(
     # Keep the contiguous tensor referenced until the launch: a descriptor holds only its address.
     spheres_data = query_spheres.detach().contiguous()
     spheres = flat_descriptor(spheres_data, 16)
-    env_arr, use_env = _env_query(env_query_idx, b, device)
-    sign_method, slot_bvh = _slot_bvh_arguments(sign_method, mesh_idx, mesh_pose_inverse, device)
-    world, _, code, slot_signs = _world_arguments(sign_method, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
-                                                  device)
+    env_arr, use_env = env_query(env_query_idx, b, device)
+    weight, activation_distance, max_dist, world = constant_arguments(
+        weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, sign_method,
+        device, snapshot)
     if out_evaluations is not None and (tuple(out_evaluations.shape) != (b, h, n) or out_evaluations.dtype != torch.int32
                                         or out_evaluations.device != device or not out_evaluations.is_contiguous()):
         raise ValueError(f"out_evaluations must be a contiguous ({b}, {h}, {n}) int32 tensor on {device}")
     partials = SweptPartials(b, h, n, device) if compute_grad else SweptPartials(1, 1, 1, device)
     evaluations = out_evaluations if out_evaluations is not None else _unused_int(device)
     inputs = [
-        spheres, _scalar_warp(weight, device), _scalar_warp(activation_distance, device),
-        _scalar_warp(max_dist, device), _scalar_warp(speed_dt, device), *world, env_arr, use_env,
-        h, n, int(sweep_steps), int(bool(enable_speed_metric)), code, slot_signs,
-        slot_bvh, int(bool(compute_grad)), int(out_evaluations is not None),
+        spheres, weight, activation_distance, max_dist, scalar_descriptor(speed_dt, device), world, env_arr, use_env,
+        h, n, int(sweep_steps), int(bool(enable_speed_metric)), int(bool(compute_grad)),
+        int(out_evaluations is not None),
     ]
     outputs = [descriptor(outs.cost.view(-1)), descriptor(outs.sparsity.view(-1)), *partials.warp_arrays(),
                descriptor(evaluations.view(-1))]
@@ -591,7 +261,7 @@ def _unused_int(device: torch.device) -> torch.Tensor:
 
 def launch_sphere_hessian(query_spheres, weight, activation_distance, mesh_idx, mesh_pose_inverse, mesh_enable,
                           n_env_mesh, max_dist, env_query_idx=None, compute_esdf: bool = False,
-                          sign_method=SignMethod.AUTO) -> torch.Tensor:
+                          sign_method=SignMethod.AUTO, snapshot=None) -> torch.Tensor:
     """d^2 out_cost / d p^2 (b,h,n,3,3) float32 of launch_sphere_cost's value, per sphere, world frame.
 
     Per mesh with penetration d > 0: c''(d) n n^T - c'(d) H_sd, H_sd the Hessian of the signed
@@ -601,11 +271,11 @@ def launch_sphere_hessian(query_spheres, weight, activation_distance, mesh_idx, 
     b, h, n = _check_spheres(query_spheres)
     device = query_spheres.device
     spheres_data = query_spheres.detach().contiguous()
-    env, use_env = _env_tensor(env_query_idx, b, device)
-    constants = _constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
-                                    n_env_mesh, sign_method, device)
+    env, use_env = env_tensor(env_query_idx, b, device)
+    constants = constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
+                                   n_env_mesh, sign_method, device, snapshot)
     hessian = torch.empty(b, h, n, 3, 3, dtype=torch.float32, device=device)
-    inputs = [flat_descriptor(spheres_data, 16), *constants[:7], _env_descriptor(env, use_env), use_env, h * n, *constants[7:10],
+    inputs = [flat_descriptor(spheres_data, 16), *constants, env_descriptor(env, use_env), use_env, h * n,
               int(bool(compute_esdf))]
     launch_kernel(kernels.sphere_hessian_kernel, b * h * n, inputs, [flat_descriptor(hessian, 36)], device)
     return hessian
@@ -622,10 +292,10 @@ class SphereCostArgs:
     env_query_idx, which a vmap may batch, travels as a tensor argument of its own."""
 
     __slots__ = ("weight", "activation_distance", "mesh_idx", "mesh_pose_inverse", "mesh_enable", "n_env_mesh",
-                 "max_dist", "compute_esdf", "sign_method", "second_order")
+                 "max_dist", "compute_esdf", "sign_method", "second_order", "snapshot")
 
     def __init__(self, weight, activation_distance, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist,
-                 compute_esdf: bool, sign_method, second_order: bool = True):
+                 compute_esdf: bool, sign_method, second_order: bool = True, snapshot=None):
         self.weight, self.activation_distance, self.max_dist = weight, activation_distance, max_dist
         self.mesh_idx, self.mesh_pose_inverse, self.mesh_enable, self.n_env_mesh = \
             mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh
@@ -633,6 +303,8 @@ class SphereCostArgs:
         # Under a torch.func transform (robot_sdf.cost then uses its torch.func Function, whose
         # gradient output is differentiable).
         self.second_order = second_order
+        # The MeshWorld snapshot the world tensors come from, if any (launch_sphere_cost).
+        self.snapshot = snapshot
 
     def launch(self, spheres: torch.Tensor, env: torch.Tensor | None,
                compute_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -644,13 +316,13 @@ class SphereCostArgs:
         launch_sphere_cost_fresh(spheres, cost, grad, sparsity, self.weight, self.activation_distance, self.mesh_idx,
                                  self.mesh_pose_inverse, self.mesh_enable, self.n_env_mesh, self.max_dist, env,
                                  compute_esdf=self.compute_esdf, compute_grad=compute_grad,
-                                 sign_method=self.sign_method)
+                                 sign_method=self.sign_method, snapshot=self.snapshot)
         return cost, grad
 
     def hessian(self, spheres: torch.Tensor, env: torch.Tensor | None) -> torch.Tensor:
         return launch_sphere_hessian(spheres, self.weight, self.activation_distance, self.mesh_idx,
                                      self.mesh_pose_inverse, self.mesh_enable, self.n_env_mesh, self.max_dist, env,
-                                     self.compute_esdf, self.sign_method)
+                                     self.compute_esdf, self.sign_method, self.snapshot)
 
 
 # --- torch.func (vmap) support: a vmapped dimension folds into the batch dimension b.
@@ -785,26 +457,38 @@ def sphere_cost_jvp(tangent: torch.Tensor, gradient: torch.Tensor) -> torch.Tens
     return (gradient.to(tangent.dtype) * tangent).sum(-1)
 
 
+def sign_and_snapshot(sign_method) -> tuple:
+    """(sign method, snapshot) of the Functions' trailing ``sign_method`` argument, which may be a
+    MeshWorld's WorldSnapshot (module docstring): then its per-slot sign methods and the snapshot
+    itself (its slot BVHs), else (the argument, None). Below the Functions the two travel apart."""
+    if type(sign_method) is WorldSnapshot:
+        signs = sign_method.sign_methods
+        return (signs if signs is not None else sign_method.sign_method), sign_method
+    return sign_method, None
+
+
 class _SdfMeshWarpPy(torch.autograd.Function):
-    """SdfMeshWarpPy's Function: forward returns (out_cost, a non-differentiable second output)."""
+    """SdfMeshWarpPy's Function: forward returns (out_cost, a non-differentiable second output).
+    Its arguments are apply's, with a sign method in ``sign_method`` and a trailing ``snapshot``
+    (sign_and_snapshot)."""
 
     @staticmethod
     def forward(
         query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
         mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx=None, return_loss=False,
-        compute_esdf=False, sign_method=SignMethod.AUTO, compute_grad=None,
+        compute_esdf=False, sign_method=SignMethod.AUTO, compute_grad=None, snapshot=None,
     ):
         launch_sphere_cost(
             query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
             mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx,
-            compute_esdf=compute_esdf, compute_grad=bool(compute_grad), sign_method=sign_method,
+            compute_esdf=compute_esdf, compute_grad=bool(compute_grad), sign_method=sign_method, snapshot=snapshot,
         )
         return out_cost, out_grad.view_as(out_grad)  # a view: an input returned as-is may not be saved
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.mark_non_differentiable(output[1])
-        ctx.args = SphereCostArgs(*inputs[4:11], inputs[13], inputs[14])
+        ctx.args = SphereCostArgs(*inputs[4:11], inputs[13], inputs[14], True, inputs[16])
         env = inputs[11]
         ctx.save_for_backward(inputs[0], output[1], env if isinstance(env, torch.Tensor) else None)
         ctx.save_for_forward(output[1])
@@ -815,7 +499,7 @@ class _SdfMeshWarpPy(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             spheres, gradient, env = ctx.saved_tensors
             grad_spheres = sphere_cost_vjp(grad_output, spheres, gradient, env, ctx.args)
-        return (grad_spheres,) + (None,) * 15
+        return (grad_spheres,) + (None,) * 16
 
     @staticmethod
     def jvp(ctx, spheres_tangent, *_):
@@ -825,7 +509,7 @@ class _SdfMeshWarpPy(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
              mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx, return_loss, compute_esdf,
-             sign_method, compute_grad):
+             sign_method, compute_grad, snapshot):
         _refuse_batched_world(zip(("weight", "activation_distance", "mesh_idx", "mesh_pose_inverse", "mesh_enable",
                                    "n_env_mesh", "max_dist", "sign_method"), in_dims[4:11] + in_dims[14:15]))
         spheres, env = fold_spheres_env(info, query_spheres, in_dims[0], env_query_idx, in_dims[11])
@@ -835,7 +519,7 @@ class _SdfMeshWarpPy(torch.autograd.Function):
         sparsity = torch.empty(b, h, n, dtype=torch.uint8, device=spheres.device)
         cost, grad = _SdfMeshWarpPy.apply(
             spheres, cost, grad, sparsity, weight, activation_distance, mesh_idx, mesh_pose_inverse, mesh_enable,
-            n_env_mesh, max_dist, env, return_loss, compute_esdf, sign_method, compute_grad)
+            n_env_mesh, max_dist, env, return_loss, compute_esdf, sign_method, compute_grad, snapshot)
         return (unfold_batch(cost, info.batch_size), unfold_batch(grad, info.batch_size)), (0, 0)
 
 
@@ -855,12 +539,27 @@ class SdfMeshWarpPy(_SdfMeshWarpPy):
     trailing ``compute_grad`` (None: decide so) may force either.
     """
 
+    @staticmethod
+    def forward(
+        query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, mesh_idx,
+        mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx=None, return_loss=False,
+        compute_esdf=False, sign_method=SignMethod.AUTO, compute_grad=None,
+    ):
+        """apply's arguments (docs/design.md "Tensor layouts"); apply runs _SdfMeshWarpPy with them."""
+        sign_method, snapshot = sign_and_snapshot(sign_method)
+        return _SdfMeshWarpPy.forward(query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance,
+                                      mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, env_query_idx,
+                                      return_loss, compute_esdf, sign_method, compute_grad, snapshot)
+
     @classmethod
     def apply(cls, *args, **kwargs):
         full = _internals.bind_arguments(cls, args, kwargs)
         if full[15] is None:
             full[15] = _internals.may_need_gradient(full[0])
-        return _sdf_apply(*full)[0]
+        if type(full[14]) is WorldSnapshot:
+            full[14], snapshot = sign_and_snapshot(full[14])
+            return _sdf_apply(*full, snapshot)[0]
+        return _sdf_apply(*full, None)[0]
 
 
 class _SecondOrderRefused(torch.autograd.Function):
@@ -906,19 +605,22 @@ def swept_jvp(tangent: torch.Tensor, partials: torch.Tensor) -> torch.Tensor:
 
 
 class _SweptSdfMeshWarpPy(torch.autograd.Function):
-    """SweptSdfMeshWarpPy's Function: forward returns (out_cost, a non-differentiable second output)."""
+    """SweptSdfMeshWarpPy's Function: forward returns (out_cost, a non-differentiable second output).
+    Its arguments are apply's, with a sign method in ``sign_method`` and a trailing ``snapshot``
+    (sign_and_snapshot)."""
 
     @staticmethod
     def forward(
         query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,
         mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps=1,
         enable_speed_metric=False, env_query_idx=None, return_loss=False, sign_method=SignMethod.AUTO,
-        compute_grad=None,
+        compute_grad=None, snapshot=None,
     ):
         partials = launch_swept_sphere_cost(
             query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,
             mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps,
             enable_speed_metric, env_query_idx, compute_grad=bool(compute_grad), sign_method=sign_method,
+            snapshot=snapshot,
         )
         return out_cost, (partials.buffer if partials is not None else out_cost.new_empty((3, 0)))
 
@@ -943,7 +645,7 @@ class _SweptSdfMeshWarpPy(torch.autograd.Function):
             # The radius gets no gradient.
             grad_spheres = _pad_radius(swept_chain_rule(own, to_prev, to_next, grad_output))
             grad_spheres = refuse_second_order(grad_spheres, ctx.saved_tensors[1])
-        return (grad_spheres,) + (None,) * 17
+        return (grad_spheres,) + (None,) * 18
 
     @staticmethod
     def jvp(ctx, spheres_tangent, *_):
@@ -952,7 +654,7 @@ class _SweptSdfMeshWarpPy(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,
              mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps, enable_speed_metric,
-             env_query_idx, return_loss, sign_method, compute_grad):
+             env_query_idx, return_loss, sign_method, compute_grad, snapshot):
         _refuse_batched_world(zip(("weight", "activation_distance", "speed_dt", "mesh_idx", "mesh_pose_inverse",
                                    "mesh_enable", "n_env_mesh", "max_dist", "sign_method"),
                                   in_dims[4:12] + in_dims[16:17]))
@@ -965,7 +667,7 @@ class _SweptSdfMeshWarpPy(torch.autograd.Function):
             torch.empty(b, h, n, 4, dtype=torch.float32, device=spheres.device),
             torch.empty(b, h, n, dtype=torch.uint8, device=spheres.device), weight, activation_distance, speed_dt,
             mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps, enable_speed_metric, env,
-            return_loss, sign_method, compute_grad)
+            return_loss, sign_method, compute_grad, snapshot)
         if partials.dim() == 2:
             return (unfold_batch(cost, info.batch_size), partials), (0, None)
         # (3, B*b, h, n, 3) -> (3, B, b, h, n, 3): the vmapped dimension is 1.
@@ -989,11 +691,39 @@ class SweptSdfMeshWarpPy(_SweptSdfMeshWarpPy):
     ``compute_grad`` (None: robot_sdf._internals.may_need_gradient) may force or skip the partials.
     """
 
+    @staticmethod
+    def forward(
+        query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,
+        mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist, sweep_steps=1,
+        enable_speed_metric=False, env_query_idx=None, return_loss=False, sign_method=SignMethod.AUTO,
+        compute_grad=None,
+    ):
+        """apply's arguments (docs/design.md "Tensor layouts"); apply runs _SweptSdfMeshWarpPy with them."""
+        sign_method, snapshot = sign_and_snapshot(sign_method)
+        return _SweptSdfMeshWarpPy.forward(query_spheres, out_cost, out_grad, sparsity_idx, weight,
+                                           activation_distance, speed_dt, mesh_idx, mesh_pose_inverse, mesh_enable,
+                                           n_env_mesh, max_dist, sweep_steps, enable_speed_metric, env_query_idx,
+                                           return_loss, sign_method, compute_grad, snapshot)
+
     @classmethod
     def apply(cls, *args, **kwargs):
         full = _internals.bind_arguments(cls, args, kwargs)
         if full[17] is None:
             full[17] = _internals.may_need_gradient(full[0])
-        return _swept_apply(*full)[0]
+        if type(full[16]) is WorldSnapshot:
+            full[16], snapshot = sign_and_snapshot(full[16])
+            return _swept_apply(*full, snapshot)[0]
+        return _swept_apply(*full, None)[0]
+
+
+def swept_cost_of_snapshot(spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,
+                           snapshot, max_dist, sweep_steps: int, enable_speed_metric: bool, env_query_idx,
+                           compute_grad: bool) -> torch.Tensor:
+    """SweptSdfMeshWarpPy.apply on a MeshWorld snapshot's tensors, its per-slot sign methods and
+    its slot BVHs (what robot_sdf.cost's swept_sphere_cost evaluates): out_cost, differentiable."""
+    return _swept_apply(spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,
+                        snapshot.mesh_idx, snapshot.mesh_pose_inverse, snapshot.mesh_enable, snapshot.n_env_mesh,
+                        max_dist, int(sweep_steps), bool(enable_speed_metric), env_query_idx, False,
+                        snapshot.sign_methods, compute_grad, snapshot)[0]
 
 

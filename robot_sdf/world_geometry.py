@@ -20,7 +20,7 @@ from robot_sdf import face_winding, geometry, mesh_analysis, mesh_classification
 from robot_sdf.kernels.sign_data import ROW_AREA, ROW_BOUNDS, ROW_MARKER, extra_row
 from robot_sdf.launch import warp_device
 from robot_sdf.types import SignMethod
-from robot_sdf.warp_primitives import register_mesh, unregister_mesh
+from robot_sdf.world_args import register_mesh, unregister_mesh
 
 # auto's choice is logged under the world's logger (docs/sign_methods.md).
 _log = logging.getLogger("robot_sdf.world")

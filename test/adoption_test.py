@@ -469,7 +469,7 @@ def test_twins_live_as_long_as_the_adopted_meshes(device):
     import gc
     import weakref
 
-    from robot_sdf import warp_primitives as wpr
+    from robot_sdf import world_args
 
     meshes, env = _mixed_world(device)
     # Few spheres: on the CPU one launch in this thread (worker threads keep their own records).
@@ -485,9 +485,9 @@ def test_twins_live_as_long_as_the_adopted_meshes(device):
         again, _, _ = _plain(spheres, world, device, codes)
         np.testing.assert_array_equal(again, first)
     del world, codes, adopted
-    wpr._last_set = None  # (not monkeypatch: it would keep the old value to restore)
-    wpr._constant_sets.clear()
-    wpr._descriptor_cache.clear()
+    world_args._last_set = None  # (not monkeypatch: it would keep the old value to restore)
+    world_args._constant_sets.clear()
+    world_args._descriptor_cache.clear()
     launch._launches.by_kernel.clear()  # this thread's recorded launches hold their last arguments
     gc.collect()
     assert all(s() is None for s in shells)
@@ -516,15 +516,15 @@ def test_tensors_not_adopted_are_passed_as_they_are(device, monkeypatch):
     """Without adoption the kernels get the caller's own mesh_idx memory, no twins and no flags,
     and nothing is read back through the ids, call after call: Warp's own query on the raw
     meshes (the inside-out box's inside reads outside, as Warp's normal sign says)."""
-    from robot_sdf import warp_primitives as wpr
+    from robot_sdf import world_args
 
     meshes, env = _mixed_world(device)
     spheres, _ = _shell_spheres(meshes[:2])
     reads = []
     read = adoption.read_meshes
     monkeypatch.setattr(adoption, "read_meshes", lambda ids, dev: reads.append(len(ids)) or read(ids, dev))
-    args = wpr._constant_arguments(*_scalars(device), *_world(env), "auto", torch.device(device))
-    assert args[3].data == env.mesh_idx.data_ptr() and args[7] == int(SignMethod.AUTO)
+    args = world_args.constant_arguments(*_scalars(device), *_world(env), "auto", torch.device(device))
+    assert args[3].mesh_idx.data == env.mesh_idx.data_ptr() and args[3].sign_method == int(SignMethod.AUTO)
     for _ in range(2):
         _plain(spheres, _world(env), device, esdf=True)
         _swept(spheres.reshape(1, -1, 1, 4)[:, :100], _world(env), device)

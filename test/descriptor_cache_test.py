@@ -19,7 +19,8 @@ import reference as ref
 from conftest import build_warp_env, scalar
 from robot_sdf import MeshWorld
 from robot_sdf.types import SignMethod
-from robot_sdf.warp_primitives import SdfMeshWarpPy, SweptSdfMeshWarpPy, register_mesh, unregister_mesh
+from robot_sdf.warp_primitives import SdfMeshWarpPy, SweptSdfMeshWarpPy
+from robot_sdf.world_args import register_mesh, unregister_mesh
 
 ETA = 0.05
 MAX_DIST = 0.5

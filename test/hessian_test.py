@@ -63,7 +63,8 @@ def test_hessians_are_the_references_differences(scene, esdf):
     with world.reading() as snap:
         hess = launch_sphere_hessian(torch.from_numpy(spheres), torch.tensor([WEIGHT]), torch.tensor([ETA]),
                                      snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh,
-                                     torch.tensor([MAX_DIST]), None, esdf, snap)[0, 0].numpy()
+                                     torch.tensor([MAX_DIST]), None, esdf, snap.sign_methods,
+                                     snapshot=snap)[0, 0].numpy()
     fd = _reference_hessian(spheres, meshes, esdf, H)
     # Where a stencil crosses a region boundary or a medial axis, or a surface is nearer than it,
     # differences with two steps disagree: those points are left out. The larger step also leaves

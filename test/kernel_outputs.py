@@ -28,7 +28,8 @@ import mesh_corpus  # noqa: E402
 import reference as ref  # noqa: E402
 from conftest import build_warp_env  # noqa: E402
 from robot_sdf import MeshWorld, adopt_meshes  # noqa: E402
-from robot_sdf.warp_primitives import SdfMeshWarpPy, SweptSdfMeshWarpPy, launch_sphere_hessian  # noqa: E402
+from robot_sdf.warp_primitives import (SdfMeshWarpPy, SweptSdfMeshWarpPy, launch_sphere_hessian,  # noqa: E402
+                                       sign_and_snapshot)
 
 ETA, MAX_DIST = 0.02, 0.1
 SPACING = 1.0  # m between the meshes' centres along x
@@ -81,7 +82,8 @@ def _tensors(world: tuple, spheres, trajs, sign, tag: str, results: dict) -> Non
         results[f"{tag}/plain/esdf{int(esdf)}/cost"] = cost.detach().numpy().copy()
         results[f"{tag}/plain/esdf{int(esdf)}/grad"] = outs[1].numpy().copy()
         results[f"{tag}/plain/esdf{int(esdf)}/sparsity"] = outs[2].numpy().copy()
-        hess = launch_sphere_hessian(x.detach(), one, eta, mesh_idx, pose_inv, enable, n_env, md, env, esdf, sign)
+        hess = launch_sphere_hessian(x.detach(), one, eta, mesh_idx, pose_inv, enable, n_env, md, env, esdf,
+                                     *sign_and_snapshot(sign))
         results[f"{tag}/hessian/esdf{int(esdf)}"] = hess.numpy().copy()
     for steps in (2, 4, 9):
         for speed in (False, True):

@@ -64,7 +64,8 @@ def _launch(world, spheres: np.ndarray, esdf: bool, compute_grad: bool = True):
     with world.reading() as snap:
         launch_sphere_cost(s, cost, grad, sparsity, torch.tensor([WEIGHT]), torch.tensor([ETA]), snap.mesh_idx,
                            snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, torch.tensor([MAX_DIST]),
-                           torch.tensor([0, 1], dtype=torch.int32), esdf, compute_grad, snap)
+                           torch.tensor([0, 1], dtype=torch.int32), esdf, compute_grad, snap.sign_methods,
+                           snapshot=snap)
     return cost.numpy(), grad.numpy(), sparsity.numpy()
 
 

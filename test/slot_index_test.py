@@ -100,15 +100,16 @@ def _check_world(world: MeshWorld, refs, rng: np.random.Generator, device: str) 
         expected = np.minimum(np.min(np.stack(sds), axis=0), MAX_DIST)
         np.testing.assert_allclose(dist.cpu().numpy(), expected, rtol=0, atol=2e-5)
 
-    # Hessians (double backward) of the cost and of the esdf: trees (the snapshot as the sign
-    # argument) vs the loop (its per-slot sign methods), on the same tensors.
+    # Hessians (double backward) of the cost and of the esdf: trees (the snapshot passed) vs the
+    # loop (its per-slot sign methods alone), on the same tensors.
     snap = world.snapshot()
     scalar = lambda x: torch.tensor([x], dtype=torch.float32, device=device)  # noqa: E731
     for esdf in (False, True):
         hessians = [launch_sphere_hessian(spheres, scalar(1.0), scalar(ETA), snap.mesh_idx, snap.mesh_pose_inverse,
                                           snap.mesh_enable, snap.n_env_mesh, scalar(MAX_DIST), env_index,
-                                          compute_esdf=esdf, sign_method=sign).cpu().numpy()
-                    for sign in (snap, snap.sign_methods)]
+                                          compute_esdf=esdf, sign_method=snap.sign_methods,
+                                          snapshot=snapshot).cpu().numpy()
+                    for snapshot in (snap, None)]
         assert int((np.abs(hessians[1]).sum(axis=(-1, -2)) > 0).sum()) >= 20  # not trivially zero
         np.testing.assert_allclose(hessians[0], hessians[1], rtol=0, atol=1e-4)
 
@@ -204,7 +205,8 @@ def test_stale_snapshot_falls_back_to_the_loop(device):
     sp = torch.zeros((b, h, n), dtype=torch.uint8, device=device)
     scalar = lambda x: torch.tensor([x], dtype=torch.float32, device=device)  # noqa: E731
     launch_sphere_cost(spheres, cost, grad, sp, scalar(1.0), scalar(ETA), old.mesh_idx, old.mesh_pose_inverse,
-                       old.mesh_enable, old.n_env_mesh, scalar(MAX_DIST), env_index, sign_method=old)
+                       old.mesh_enable, old.n_env_mesh, scalar(MAX_DIST), env_index, sign_method=old.sign_methods,
+                       snapshot=old)
     assert int((before > 0).sum()) > 0
     np.testing.assert_allclose(cost.cpu().numpy(), before.cpu().numpy(), rtol=0, atol=0)
 

@@ -9,7 +9,7 @@ import torch
 import warp as wp
 
 import reference as ref
-from robot_sdf import MeshWorld
+from robot_sdf import MeshWorld, kernels
 from robot_sdf.kernels import slot_walk
 
 SLOTS = 12  # env 0 (a slot BVH: at least slot_index.MIN_SLOTS); env 1 holds 3 (no BVH)
@@ -17,17 +17,15 @@ SLOTS = 12  # env 0 (a slot BVH: at least slot_index.MIN_SLOTS); env 1 holds 3 (
 
 @wp.kernel
 def _walk_kernel(pts: wp.array(dtype=wp.vec3), reach: wp.array(dtype=float), envs: wp.array(dtype=wp.int32),
-                 mesh_idx: wp.array2d(dtype=wp.int64), pose_inv: wp.array3d(dtype=wp.float32),
-                 mesh_enable: wp.array2d(dtype=wp.uint8), n_env_mesh: wp.array(dtype=wp.int32),
-                 slot_bvh: wp.array(dtype=wp.uint64), visited: wp.array2d(dtype=wp.int32),
+                 world: slot_walk.World, visited: wp.array2d(dtype=wp.int32),
                  p_mesh: wp.array2d(dtype=wp.vec3), rotated: wp.array2d(dtype=wp.vec3), listed: wp.array(dtype=wp.int32)):
     i = wp.tid()
     env = envs[i]
     p = pts[i]
-    slots = slot_walk.env_slots(env, p, reach[i], mesh_idx, n_env_mesh, slot_bvh)
+    slots = slot_walk.env_slots(env, p, reach[i], world)
     listed[i] = slots.listed
     for k in range(slots.iterations):
-        slot, q, local = slot_walk.slot_at(slots, k, env, p, mesh_idx, pose_inv, mesh_enable)
+        slot, q, local = slot_walk.slot_at(slots, k, env, p, world)
         if slot < 0:
             continue
         visited[i, slot] += 1
@@ -68,10 +66,18 @@ def test_queries_visit_the_slots_whose_boxes_they_reach_in_their_mesh_frames():
         p_mesh = wp.zeros((n, SLOTS), dtype=wp.vec3, device="cpu")
         rotated = wp.zeros((n, SLOTS), dtype=wp.vec3, device="cpu")
         listed = wp.zeros(n, dtype=wp.int32, device="cpu")
+        # The World struct as Warp's public API fills it (the package fills its C value directly:
+        # robot_sdf.world_args.WorldValue).
+        world_arg = slot_walk.World()
+        world_arg.mesh_idx = _as_warp(snap.mesh_idx, wp.int64)
+        world_arg.pose_inv = _as_warp(snap.mesh_pose_inverse, wp.float32)
+        world_arg.mesh_enable = _as_warp(snap.mesh_enable, wp.uint8)
+        world_arg.n_env_mesh = _as_warp(snap.n_env_mesh, wp.int32)
+        world_arg.sign_method = int(kernels.SIGN_PER_SLOT)
+        world_arg.slot_sign = _as_warp(snap.sign_methods, wp.uint8)
+        world_arg.slot_bvh = _as_warp(bvh, wp.uint64)
         wp.launch(_walk_kernel, n, [wp.array(pts, dtype=wp.vec3, device="cpu"), wp.array(reach, dtype=float, device="cpu"),
-                                    wp.array(envs, dtype=wp.int32, device="cpu"), _as_warp(snap.mesh_idx, wp.int64),
-                                    _as_warp(snap.mesh_pose_inverse, wp.float32), _as_warp(snap.mesh_enable, wp.uint8),
-                                    _as_warp(snap.n_env_mesh, wp.int32), _as_warp(bvh, wp.uint64), visited, p_mesh,
+                                    wp.array(envs, dtype=wp.int32, device="cpu"), world_arg, visited, p_mesh,
                                     rotated, listed], device="cpu")
     visited, p_mesh, rotated, listed = visited.numpy(), p_mesh.numpy(), rotated.numpy(), listed.numpy()
     assert visited.max() == 1  # no slot twice

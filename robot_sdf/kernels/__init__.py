@@ -5,7 +5,8 @@
     closest_point    exact closest point on a mesh (float64 on the triangle found), pseudo-normals
     winding          winding-number inside tests and the bounds that spare evaluating them
     signed_distance  signed distance to one mesh: the search, the sign regime, deep points
-    slot_walk        the slots a query visits (slot BVH), their poses and sign methods
+    slot_walk        the World struct (the world as the query kernels take it); the slots a query
+                     visits (slot BVH), their poses and sign methods
     plain_cost       sphere_cost_kernel: the plain cost and the ESDF
     swept_slot       one mesh's share of a swept step (closed surfaces; open ones when moving)
     swept            swept_sphere_cost_kernel: the swept cost
@@ -18,7 +19,7 @@ analytic, so no Warp adjoint code is generated (enable_backward False, here and 
 The four kernels (sphere_cost_kernel, swept_sphere_cost_kernel, sphere_hessian_kernel,
 slot_boxes_kernel) belong to one Warp module named after this package, "robot_sdf.kernels": they
 compile as one unit, with the functions they share compiled once, and load together
-(warp_primitives.warp_device loads the module once per device, under a lock, since Warp's
+(robot_sdf.launch.warp_device loads the module once per device, under a lock, since Warp's
 module loading is not thread-safe). The other modules hold functions only, compiled into it.
 
 The names below are those the host code, the benchmarks and the tests use.
@@ -39,7 +40,7 @@ from robot_sdf.kernels.native import (face_of, mesh_closest_points, mesh_winding
 from robot_sdf.kernels.plain_cost import sphere_cost_kernel, sphere_world_cost  # noqa: E402
 from robot_sdf.kernels.sign_data import (SIGN_AUTO, SIGN_DEFAULT, SIGN_NORMAL, SIGN_PARITY,  # noqa: E402
                                          SIGN_PER_SLOT, SIGN_WINDING_NUMBER, sign_data_offset)
-from robot_sdf.kernels.slot_walk import slot_boxes_kernel, slot_pose  # noqa: E402
+from robot_sdf.kernels.slot_walk import World, slot_boxes_kernel, slot_pose  # noqa: E402
 from robot_sdf.kernels.swept import swept_sphere_cost_kernel  # noqa: E402
 from robot_sdf.kernels.winding import (COARSEST_WINDING_ACCURACY, COARSEST_WINDING_SETTLED,  # noqa: E402
                                        WINDING_ACCURACY, WINDING_APPROXIMATION_ERROR, rim_slope)
@@ -47,7 +48,7 @@ from robot_sdf.kernels.winding import (COARSEST_WINDING_ACCURACY, COARSEST_WINDI
 __all__ = [
     "COARSEST_WINDING_ACCURACY", "COARSEST_WINDING_SETTLED", "SIGN_AUTO", "SIGN_DEFAULT", "SIGN_NORMAL",
     "SIGN_PARITY", "SIGN_PER_SLOT", "SIGN_WINDING_NUMBER", "UNBOUNDED", "WINDING_ACCURACY",
-    "WINDING_APPROXIMATION_ERROR", "face_of", "mesh_closest_points", "mesh_winding_numbers", "rim_slope",
+    "WINDING_APPROXIMATION_ERROR", "World", "face_of", "mesh_closest_points", "mesh_winding_numbers", "rim_slope",
     "sign_data_offset", "slot_boxes_kernel", "slot_pose", "sphere_cost_kernel", "sphere_hessian_kernel",
     "sphere_world_cost", "swept_sphere_cost_kernel", "warp_inside", "winding_number",
 ]

@@ -11,7 +11,7 @@ import warp as wp
 
 from robot_sdf.kernels.closest_point import refine_closest
 from robot_sdf.kernels.signed_distance import mesh_signed_distance
-from robot_sdf.kernels.slot_walk import env_slots, query_env, slot_at, slot_sign_method
+from robot_sdf.kernels.slot_walk import World, env_slots, query_env, slot_at, slot_sign_method
 
 wp.set_module_options({"enable_backward": False})
 
@@ -68,28 +68,21 @@ def sphere_world_hessian(
     eta: float,
     max_dist: float,
     env: int,
-    mesh_idx: wp.array2d(dtype=wp.int64),
-    pose_inv: wp.array3d(dtype=wp.float32),
-    mesh_enable: wp.array2d(dtype=wp.uint8),
-    n_env_mesh: wp.array(dtype=wp.int32),
-    sign_method: int,
-    slot_sign: wp.array2d(dtype=wp.uint8),
-    slot_bvh: wp.array(dtype=wp.uint64),
+    world: World,
 ) -> wp.mat33:
     """World-frame Hessian of sphere_world_cost's (unweighted) cost: per mesh with d = r + eta - sd > 0,
     c''(d) n n^T - c'(d) H_sd (d d / d p = -n; c' = d / eta, c'' = 1 / eta below eta, else 1, 0).
     Visits the slots sphere_world_cost visits (slot BVH where the world has one)."""
     hess = wp.mat33(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     bound = max_dist + radius + eta
-    slots = env_slots(env, p, bound, mesh_idx, n_env_mesh, slot_bvh)
+    slots = env_slots(env, p, bound, world)
     for i in range(slots.iterations):
-        slot, q, p_mesh = slot_at(slots, i, env, p, mesh_idx, pose_inv, mesh_enable)
+        slot, q, p_mesh = slot_at(slots, i, env, p, world)
         if slot < 0:
             continue
-        mesh = wp.uint64(mesh_idx[env, slot])
+        mesh = wp.uint64(world.mesh_idx[env, slot])
         found, sd, grad_sd = mesh_signed_distance(
-            mesh, p_mesh, bound, pose_inv[env, slot, 7], slot_sign_method(sign_method, slot_sign, env, slot),
-            radius + eta)
+            mesh, p_mesh, bound, world.pose_inv[env, slot, 7], slot_sign_method(world, env, slot), radius + eta)
         d = radius + eta - sd
         if found == 0 or d <= 0.0:
             continue
@@ -108,27 +101,20 @@ def point_world_esdf_hessian(
     p: wp.vec3,
     max_dist: float,
     env: int,
-    mesh_idx: wp.array2d(dtype=wp.int64),
-    pose_inv: wp.array3d(dtype=wp.float32),
-    mesh_enable: wp.array2d(dtype=wp.uint8),
-    n_env_mesh: wp.array(dtype=wp.int32),
-    sign_method: int,
-    slot_sign: wp.array2d(dtype=wp.uint8),
-    slot_bvh: wp.array(dtype=wp.uint64),
+    world: World,
 ) -> wp.mat33:
     """World-frame Hessian of point_world_esdf's max_i(-sd_i): -H_sd of the mesh attaining it
     (the slots point_world_esdf visits)."""
     best = -max_dist
     hess = wp.mat33(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-    slots = env_slots(env, p, max_dist, mesh_idx, n_env_mesh, slot_bvh)
+    slots = env_slots(env, p, max_dist, world)
     for i in range(slots.iterations):
-        slot, q, p_mesh = slot_at(slots, i, env, p, mesh_idx, pose_inv, mesh_enable)
+        slot, q, p_mesh = slot_at(slots, i, env, p, world)
         if slot < 0:
             continue
-        mesh = wp.uint64(mesh_idx[env, slot])
+        mesh = wp.uint64(world.mesh_idx[env, slot])
         found, sd, grad_sd = mesh_signed_distance(
-            mesh, p_mesh, max_dist, pose_inv[env, slot, 7], slot_sign_method(sign_method, slot_sign, env, slot),
-            max_dist)
+            mesh, p_mesh, max_dist, world.pose_inv[env, slot, 7], slot_sign_method(world, env, slot), max_dist)
         if found != 0 and -sd > best:
             best = -sd
             hess = to_world_hessian(q, -mesh_sd_hessian(mesh, p_mesh, sd, grad_sd))
@@ -141,16 +127,10 @@ def sphere_hessian_kernel(
     weight: wp.array(dtype=wp.float32),
     activation_distance: wp.array(dtype=wp.float32),
     max_distance: wp.array(dtype=wp.float32),
-    mesh_idx: wp.array2d(dtype=wp.int64),
-    pose_inv: wp.array3d(dtype=wp.float32),
-    mesh_enable: wp.array2d(dtype=wp.uint8),
-    n_env_mesh: wp.array(dtype=wp.int32),
+    world: World,
     env_query: wp.array(dtype=wp.int32),
     use_env_query: int,
     spheres_per_batch: int,
-    sign_method: int,
-    slot_sign: wp.array2d(dtype=wp.uint8),
-    slot_bvh: wp.array(dtype=wp.uint64),
     compute_esdf: int,
     start: int,
     total: int,
@@ -163,12 +143,10 @@ def sphere_hessian_kernel(
     s = spheres[tid]
     p = wp.vec3(s[0], s[1], s[2])
     hess = wp.mat33(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-    env = query_env(tid, spheres_per_batch, use_env_query, env_query, n_env_mesh.shape[0])
+    env = query_env(tid, spheres_per_batch, use_env_query, env_query, world.n_env_mesh.shape[0])
     if compute_esdf != 0:
         if env >= 0:
-            hess = point_world_esdf_hessian(p, max_distance[0], env, mesh_idx, pose_inv, mesh_enable, n_env_mesh,
-                                            sign_method, slot_sign, slot_bvh)
+            hess = point_world_esdf_hessian(p, max_distance[0], env, world)
     elif s[3] >= 0.0 and env >= 0:
-        hess = sphere_world_hessian(p, s[3], activation_distance[0], max_distance[0], env, mesh_idx, pose_inv,
-                                    mesh_enable, n_env_mesh, sign_method, slot_sign, slot_bvh)
+        hess = sphere_world_hessian(p, s[3], activation_distance[0], max_distance[0], env, world)
     out_hessian[tid] = hess * weight[0]

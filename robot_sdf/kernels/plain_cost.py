@@ -3,11 +3,10 @@
 sphere_cost_kernel writes every output element it owns, so callers may hand in uninitialised
 buffers. Gradients are analytic, so no Warp adjoint code is generated.
 
-Layout (flattened from the torch tensors of docs/design.md "Tensor layouts"; the world's tensors
-as slot_walk's docstring describes them):
+Layout (flattened from the torch tensors of docs/design.md "Tensor layouts"; the world, its
+tensors and the call's sign selection, in one slot_walk.World struct as slot_walk's docstring
+describes it):
     spheres      (N,) vec4    x, y, z, radius in the world frame (m); N = b * h * n
-    sign_method, slot_sign    a SignMethod for every slot, AUTO (each mesh's own, from its sign
-                              data), or PER_SLOT: read slot_sign (E, M) uint8 (a SignMethod)
     env_query    (B,) int32   environment per batch row (read only when use_env_query != 0)
 Scalars that live in tensors (weight, activation distance, max distance) are read in-kernel
 from 1-element arrays so that no host-device synchronisation is needed.
@@ -17,7 +16,7 @@ from __future__ import annotations
 import warp as wp
 
 from robot_sdf.kernels.signed_distance import mesh_signed_distance
-from robot_sdf.kernels.slot_walk import env_slots, query_env, slot_at, slot_sign_method
+from robot_sdf.kernels.slot_walk import World, env_slots, query_env, slot_at, slot_sign_method
 
 wp.set_module_options({"enable_backward": False})
 
@@ -29,13 +28,7 @@ def sphere_world_cost(
     eta: float,
     max_dist: float,
     env: int,
-    mesh_idx: wp.array2d(dtype=wp.int64),
-    pose_inv: wp.array3d(dtype=wp.float32),
-    mesh_enable: wp.array2d(dtype=wp.uint8),
-    n_env_mesh: wp.array(dtype=wp.int32),
-    sign_method: int,
-    slot_sign: wp.array2d(dtype=wp.uint8),
-    slot_bvh: wp.array(dtype=wp.uint64),
+    world: World,
 ):
     """Unweighted cost of one sphere summed over the meshes of ``env`` and its world-frame gradient.
     Only surfaces nearer than r + eta (and inside centres) cost: each mesh is searched within that
@@ -45,14 +38,14 @@ def sphere_world_cost(
     grad = wp.vec3(0.0, 0.0, 0.0)
     bound = max_dist + radius + eta
     # The slots that may hold a surface or inside point within the search (slot BVH), or all.
-    slots = env_slots(env, p, bound, mesh_idx, n_env_mesh, slot_bvh)
+    slots = env_slots(env, p, bound, world)
     for i in range(slots.iterations):
-        slot, q, p_mesh = slot_at(slots, i, env, p, mesh_idx, pose_inv, mesh_enable)
+        slot, q, p_mesh = slot_at(slots, i, env, p, world)
         if slot < 0:
             continue
         found, sd, grad_sd = mesh_signed_distance(
-            wp.uint64(mesh_idx[env, slot]), p_mesh, bound, pose_inv[env, slot, 7],
-            slot_sign_method(sign_method, slot_sign, env, slot), radius + eta,
+            wp.uint64(world.mesh_idx[env, slot]), p_mesh, bound, world.pose_inv[env, slot, 7],
+            slot_sign_method(world, env, slot), radius + eta,
         )
         if found == 0:
             continue
@@ -74,26 +67,20 @@ def point_world_esdf(
     p: wp.vec3,
     max_dist: float,
     env: int,
-    mesh_idx: wp.array2d(dtype=wp.int64),
-    pose_inv: wp.array3d(dtype=wp.float32),
-    mesh_enable: wp.array2d(dtype=wp.uint8),
-    n_env_mesh: wp.array(dtype=wp.int32),
-    sign_method: int,
-    slot_sign: wp.array2d(dtype=wp.uint8),
-    slot_bvh: wp.array(dtype=wp.uint64),
+    world: World,
 ):
     """max_i(-sd_i) over the meshes of ``env`` (-max_dist when none is in range) and its gradient."""
     best = -max_dist
     grad = wp.vec3(0.0, 0.0, 0.0)
     # The slots that may hold a surface or inside point within the search (slot BVH), or all.
-    slots = env_slots(env, p, max_dist, mesh_idx, n_env_mesh, slot_bvh)
+    slots = env_slots(env, p, max_dist, world)
     for i in range(slots.iterations):
-        slot, q, p_mesh = slot_at(slots, i, env, p, mesh_idx, pose_inv, mesh_enable)
+        slot, q, p_mesh = slot_at(slots, i, env, p, world)
         if slot < 0:
             continue
         found, sd, grad_sd = mesh_signed_distance(
-            wp.uint64(mesh_idx[env, slot]), p_mesh, max_dist, pose_inv[env, slot, 7],
-            slot_sign_method(sign_method, slot_sign, env, slot), max_dist,
+            wp.uint64(world.mesh_idx[env, slot]), p_mesh, max_dist, world.pose_inv[env, slot, 7],
+            slot_sign_method(world, env, slot), max_dist,
         )
         if found != 0 and -sd > best:
             best = -sd
@@ -112,16 +99,10 @@ def sphere_cost_kernel(
     weight: wp.array(dtype=wp.float32),
     activation_distance: wp.array(dtype=wp.float32),
     max_distance: wp.array(dtype=wp.float32),
-    mesh_idx: wp.array2d(dtype=wp.int64),
-    pose_inv: wp.array3d(dtype=wp.float32),
-    mesh_enable: wp.array2d(dtype=wp.uint8),
-    n_env_mesh: wp.array(dtype=wp.int32),
+    world: World,
     env_query: wp.array(dtype=wp.int32),
     use_env_query: int,
     spheres_per_batch: int,
-    sign_method: int,
-    slot_sign: wp.array2d(dtype=wp.uint8),
-    slot_bvh: wp.array(dtype=wp.uint64),
     compute_esdf: int,
     compute_grad: int,
     start: int,
@@ -138,15 +119,13 @@ def sphere_cost_kernel(
     w = weight[0]
     cost = float(0.0)
     grad = wp.vec3(0.0, 0.0, 0.0)
-    env = query_env(tid, spheres_per_batch, use_env_query, env_query, n_env_mesh.shape[0])
+    env = query_env(tid, spheres_per_batch, use_env_query, env_query, world.n_env_mesh.shape[0])
     if compute_esdf != 0:
         cost = -max_distance[0]
         if env >= 0:
-            cost, grad = point_world_esdf(p, max_distance[0], env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign, slot_bvh)
+            cost, grad = point_world_esdf(p, max_distance[0], env, world)
     elif s[3] >= 0.0 and env >= 0:
-        cost, grad = sphere_world_cost(
-            p, s[3], activation_distance[0], max_distance[0], env, mesh_idx, pose_inv, mesh_enable, n_env_mesh, sign_method, slot_sign, slot_bvh
-        )
+        cost, grad = sphere_world_cost(p, s[3], activation_distance[0], max_distance[0], env, world)
     cost = w * cost
     out_cost[tid] = cost
     out_sparsity[tid] = wp.where(cost > 0.0, wp.uint8(1), wp.uint8(0))

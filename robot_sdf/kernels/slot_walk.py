@@ -4,14 +4,17 @@ A query (a sphere, a swept step, a Hessian) visits the slots of its environment 
 hold a surface or inside point within its reach: through the environment's slot BVH where it has
 one (robot_sdf.slot_index), else every slot in use. The loop over them is written once::
 
-    slots = env_slots(env, p, reach, mesh_idx, n_env_mesh, slot_bvh)
+    slots = env_slots(env, p, reach, world)
     for i in range(slots.iterations):
-        slot, q, p_mesh = slot_at(slots, i, env, p, mesh_idx, pose_inv, mesh_enable)
+        slot, q, p_mesh = slot_at(slots, i, env, p, world)
         if slot < 0:
             continue
         ...  # p_mesh = p in the slot's mesh frame; q rotates world vectors into it
 
-Tensor layouts (flattened from the torch tensors of docs/design.md "Tensor layouts"):
+The query kernels take the world as one argument, the World struct below: the world's tensors
+and the call's sign selection, built once per set of world tensors on the host
+(robot_sdf.world_args). Its fields (flattened from the torch tensors of docs/design.md "Tensor
+layouts"):
     mesh_idx     (E, M) int64 Warp mesh ids
     pose_inv     (E, M, 8)    world->mesh x, y, z, qw, qx, qy, qz, cull radius (0 = unknown): no
                               surface and no inside point farther than it from the mesh origin
@@ -20,7 +23,11 @@ Tensor layouts (flattened from the torch tensors of docs/design.md "Tensor layou
     slot_bvh     (E + 1,) uint64  Warp BVH id over each environment's slot boxes (0 = visit every
                               slot), a placeholder BVH last (robot_sdf.slot_index); any other
                               length: every slot of every environment is visited
-    slot_sign    (E, M) uint8 per-slot SignMethod, read when the call's sign_method is PER_SLOT
+    sign_method  int          a SignMethod for every slot, AUTO (each mesh's own, from its sign
+                              data), or PER_SLOT: read slot_sign
+    slot_sign    (E, M) uint8 per-slot SignMethod, read when sign_method is PER_SLOT
+What changes from call to call (the spheres, the environment of each batch row, the outputs)
+stays outside it, as the kernels' own arguments.
 """
 from __future__ import annotations
 
@@ -30,6 +37,20 @@ from robot_sdf.kernels.native import SLOT_HITS, slot_bvh_hits, slot_hits_t
 from robot_sdf.kernels.sign_data import SIGN_PER_SLOT
 
 wp.set_module_options({"enable_backward": False})
+
+
+@wp.struct
+class World:
+    """The world as the query kernels read it: its tensors and the call's sign selection (layouts
+    in the module docstring)."""
+
+    mesh_idx: wp.array2d(dtype=wp.int64)
+    pose_inv: wp.array3d(dtype=wp.float32)
+    mesh_enable: wp.array2d(dtype=wp.uint8)
+    n_env_mesh: wp.array(dtype=wp.int32)
+    sign_method: int
+    slot_sign: wp.array2d(dtype=wp.uint8)
+    slot_bvh: wp.array(dtype=wp.uint64)
 
 
 @wp.func
@@ -68,15 +89,14 @@ class EnvSlots:
 
 
 @wp.func
-def env_slots(env: int, p: wp.vec3, reach: float, mesh_idx: wp.array2d(dtype=wp.int64),
-              n_env_mesh: wp.array(dtype=wp.int32), slot_bvh: wp.array(dtype=wp.uint64)) -> EnvSlots:
+def env_slots(env: int, p: wp.vec3, reach: float, world: World) -> EnvSlots:
     """The slots of env a query at world point p visits: those whose boxes come within ``reach``
     (m) of p when env has a slot BVH and at most SLOT_HITS of them do, else every slot in use."""
     slots = EnvSlots()
-    slots.count = wp.min(n_env_mesh[env], mesh_idx.shape[1])
+    slots.count = wp.min(world.n_env_mesh[env], world.mesh_idx.shape[1])
     slots.iterations = slots.count
     slots.listed = 0
-    bvh, use_bvh = env_slot_bvh(slot_bvh, env, n_env_mesh.shape[0])
+    bvh, use_bvh = env_slot_bvh(world.slot_bvh, env, world.n_env_mesh.shape[0])
     if use_bvh != 0:
         box = wp.vec3(reach, reach, reach)
         hits = slot_bvh_hits(bvh, p - box, p + box)
@@ -88,8 +108,7 @@ def env_slots(env: int, p: wp.vec3, reach: float, mesh_idx: wp.array2d(dtype=wp.
 
 
 @wp.func
-def slot_at(slots: EnvSlots, i: int, env: int, p: wp.vec3, mesh_idx: wp.array2d(dtype=wp.int64),
-            pose_inv: wp.array3d(dtype=wp.float32), mesh_enable: wp.array2d(dtype=wp.uint8)):
+def slot_at(slots: EnvSlots, i: int, env: int, p: wp.vec3, world: World):
     """(slot, q, p_mesh) of iteration i of a loop over env_slots: the slot, or -1 where there is
     nothing to evaluate (beyond the env's count, disabled, or empty); the rotation of its
     world->mesh transform; world point p in its mesh frame."""
@@ -98,18 +117,18 @@ def slot_at(slots: EnvSlots, i: int, env: int, p: wp.vec3, mesh_idx: wp.array2d(
         slot = slots.hits[i]
     if slot >= slots.count:
         return -1, wp.quat_identity(), p
-    if mesh_enable[env, slot] == wp.uint8(0) or mesh_idx[env, slot] == wp.int64(0):
+    if world.mesh_enable[env, slot] == wp.uint8(0) or world.mesh_idx[env, slot] == wp.int64(0):
         return -1, wp.quat_identity(), p
-    t, q = slot_pose(pose_inv, env, slot)
+    t, q = slot_pose(world.pose_inv, env, slot)
     return slot, q, wp.quat_rotate(q, p) + t
 
 
 @wp.func
-def slot_sign_method(sign_method: int, slot_sign: wp.array2d(dtype=wp.uint8), env: int, slot: int) -> int:
+def slot_sign_method(world: World, env: int, slot: int) -> int:
     """The call's sign method, or the slot's own when the call defers to the world (PER_SLOT)."""
-    if sign_method == SIGN_PER_SLOT:
-        return int(slot_sign[env, slot])
-    return sign_method
+    if world.sign_method == SIGN_PER_SLOT:
+        return int(world.slot_sign[env, slot])
+    return world.sign_method
 
 
 @wp.func

@@ -81,6 +81,279 @@ def batched_feature(mesh: wp.uint64, q: wp.vec3, face: int, data: int, winding: 
     return closest_feature(mesh, q, face, inside, data, not winding)
 
 
+@wp.struct
+class SweptBatches:
+    """The shared BVH traversals of one mesh's swept step on swept_slot_cost's batched path
+    (mesh_closest_points: lane 0 the centre p, then samples), and the samples each covers; a
+    side's samples are counted from k = 1."""
+
+    first: vec16  # p, then side 0's samples 1 .. n_first, then side 1's (lanes of the sides that exist)
+    n_first: int
+    # Where p is inside deeper than r + eta: side 0's samples deep_lo0 .. deep_hi0 - 1, then side 1's
+    # deep_lo1 .. deep_hi1 - 1 (each side's range empty until searched).
+    deep: vec16
+    deep_done: bool
+    deep_lo0: int
+    deep_hi0: int
+    deep_lo1: int
+    deep_hi1: int
+    # The current side's samples side_start .. side_end - 1 (lanes 1 ..), searched beyond the others.
+    side: vec16
+    side_start: int
+    side_end: int
+
+
+@wp.struct
+class SideChain:
+    """What swept_slot_cost carries along one side from sample to sample: the last point
+    evaluated (its fraction s, its exact distance or the bound it was found beyond, whether it
+    is inside, whether that distance is exact), the reach freed by the clearances so far, and the
+    side's evaluation mask."""
+
+    last_s: float
+    last_abs: float
+    last_inside: bool
+    last_exact: bool
+    free_reach: float
+    mask: int
+
+
+@wp.func
+def swept_regime(mesh: wp.uint64, sign_method: int, seg_prev: wp.vec3, seg_next: wp.vec3, has_prev: int,
+                 has_next: int):
+    """How swept_slot_cost evaluates a mesh: (its sign data offset, whether its sign is a closed
+    surface's, whether a closed winding-number surface, whether p and the samples share
+    traversals).
+
+    Only the sign of a closed surface changes where the surface is crossed: elsewhere (open
+    surfaces; the winding number of an open surface, which passes 0.5 off the surface) a point
+    free of the surface may still be inside, so the clearance of a point frees no sample, and p
+    and every sample take the plain query (max_dist + r + eta), which makes the step's cost the
+    mean of the plain costs at its samples, as defined. (The kernel hands moving steps on such
+    meshes to open_swept_slot_cost where the sign lets their points share traversals.) A closed
+    winding-number surface (several, overlapping or nested shells: the box bounds its inside)
+    shares the traversal too; the winding number at each point found gives the sign. A
+    stationary step keeps the plain query of p, so that it reproduces the plain cost bit for bit."""
+    data, method = mesh_sign_method(mesh, sign_method)
+    sign_closed = sign_is_closed(mesh, data)
+    winding = method == SIGN_WINDING_NUMBER and data >= 0 and sign_closed
+    batched = sign_closed and (winding or (method == SIGN_NORMAL and data >= 0)) and has_prev + has_next > 0 and (
+        (has_prev == 1 and wp.length_sq(seg_prev) > 0.0) or (has_next == 1 and wp.length_sq(seg_next) > 0.0))
+    return data, sign_closed, winding, batched
+
+
+@wp.func
+def side_chain_start(clearance: float, chain_abs: float, chain_inside: bool, found: int) -> SideChain:
+    """A side's chain at its start, p: the reach p's clearance frees, p's distance (exact when
+    found, else the bound it was searched to) and whether p is inside."""
+    chain = SideChain()
+    chain.free_reach = wp.max(clearance, 0.0)
+    chain.last_s = 0.0
+    chain.last_abs = chain_abs
+    chain.last_inside = chain_inside
+    chain.last_exact = found != 0
+    chain.mask = 0
+    return chain
+
+
+@wp.func
+def swept_centre(mesh: wp.uint64, cull_radius: float, sign_method: int, p: wp.vec3, seg_prev: wp.vec3,
+                 seg_next: wp.vec3, has_prev: int, has_next: int, reach_b: float, bound_p: float, half_len: float,
+                 sweep_steps: int, data: int, sign_closed: bool, winding: bool, batched: bool):
+    """swept_slot_cost's query of the step's centre p: (found, sd, grad_sd, the bound p's result
+    holds to, the traversals). Batched: p within its bound and the samples of both sides within
+    r + eta in one traversal; where nothing is within p's bound and p may be deep inside (in the
+    mesh's box, one ray or its winding number says so), p and the samples in one more traversal.
+    Otherwise mesh_signed_distance, within what the cost and the clearance of the farthest sample
+    need."""
+    batches = SweptBatches()
+    found = int(0)
+    sd = float(0.0)
+    grad_sd = wp.vec3(0.0, 0.0, 0.0)
+    if batched:
+        # p (within its bound) and the samples of both sides (within r + eta: their cost needs
+        # nothing farther) in one traversal.
+        inv_2k = 1.0 / (2.0 * float(sweep_steps))
+        n_first = wp.min(sweep_steps, SWEPT_SIDE_BATCH)
+        batches.n_first = n_first
+        batches.first = mesh_closest_points(mesh, p, bound_p, seg_prev, inv_2k, has_prev * n_first, seg_next, inv_2k,
+                                            has_next * n_first, inv_2k, reach_b, -1.0, False, False)
+        face = face_of(batches.first[0])
+        if face >= 0:
+            d_vec, dist, inside, outward = batched_feature(mesh, p, face, data, winding)
+            sd, grad_sd = signed_result(d_vec, dist, inside, outward)
+            found = 1
+        else:
+            # Nothing within bound_p: outside unless p is deep inside, which only a point in the
+            # mesh's box can be (mesh_signed_distance's inside test). One ray decides; where p
+            # may be inside, p and the samples of both sides are searched in one traversal, the
+            # samples within the Lipschitz bound from p (found for sure, tightened as p's
+            # search narrows).
+            lo = box_lower(mesh, data)
+            hi = box_upper(mesh, data)
+            search = float(-1.0)
+            if p[0] >= lo[0] and p[1] >= lo[1] and p[2] >= lo[2] and p[0] <= hi[0] and p[1] <= hi[1] and p[2] <= hi[2]:
+                if winding:
+                    if winding_inside(mesh, p):
+                        search = UNBOUNDED
+                else:
+                    search = closed_inside_bound(mesh, p)
+            if search > 0.0:
+                batches.deep = mesh_closest_points(mesh, p, search, seg_prev, inv_2k, has_prev * n_first, seg_next,
+                                                   inv_2k, has_next * n_first, inv_2k, reach_b, search, True, False)
+                face = face_of(batches.deep[0])
+                if face >= 0:
+                    # inside: the winding number said so (pseudo False keeps it), or the pseudo-normal says
+                    d_vec, dist, inside, outward = closest_feature(mesh, p, face, wp.where(winding, -1.0, 1.0), data,
+                                                                   not winding)
+                    if inside < 0.0:
+                        sd, grad_sd = signed_result(d_vec, dist, inside, outward)
+                        found = 1
+                        batches.deep_done = True
+                        batches.deep_lo0 = 1
+                        batches.deep_hi0 = 1 + has_prev * n_first
+                        batches.deep_lo1 = 1
+                        batches.deep_hi1 = 1 + has_next * n_first
+    else:
+        # p's result is needed within r + eta (its cost) and, as a clearance, out to the farthest
+        # sample (half_len): where mesh_signed_distance may search within need first, nothing
+        # found there still frees every sample (the clearance below exceeds half_len).
+        need_p = wp.min(bound_p, reach_b + half_len * REACH_MARGIN + REACH_SLACK)
+        if not sign_closed:
+            need_p = reach_b
+        found, sd, grad_sd = mesh_signed_distance(mesh, p, bound_p, cull_radius, sign_method, need_p)
+        bound_p = need_p
+    return found, sd, grad_sd, bound_p, batches
+
+
+@wp.func
+def batched_sample(mesh: wp.uint64, p: wp.vec3, q: wp.vec3, seg_prev: wp.vec3, seg_next: wp.vec3,
+                   segment: wp.vec3, seg_len: float, side: int, k: int, sk: float, has_prev: int, has_next: int,
+                   found: int, chain_abs: float, chain_inside: bool, reach_b: float, sweep_steps: int, data: int,
+                   winding: bool, chain: SideChain, batches: SweptBatches):
+    """Sample k of a side (at q) on swept_slot_cost's batched path: its closest point from the
+    traversal that covers it (the first, the deep one, or one more for this side, run here where
+    needed). Returns (found, sd, grad_sd, whether the full test must still decide, the traversals):
+    nothing within r + eta needs the full test only where the last point of the side evaluated is
+    inside or near enough for a crossing in between."""
+    n_first = batches.n_first
+    inv_2k = 1.0 / (2.0 * float(sweep_steps))
+    first_entry = wp.where(side == 1, has_prev * n_first, 0)
+    face = int(-1)
+    covered = k >= batches.side_start and k < batches.side_end
+    in_deep = (side == 0 and k >= batches.deep_lo0 and k < batches.deep_hi0) or (
+        side == 1 and k >= batches.deep_lo1 and k < batches.deep_hi1)
+    if covered:
+        face = face_of(batches.side[1 + k - batches.side_start])
+    elif in_deep:
+        face = face_of(batches.deep[wp.where(side == 0, 1 + k - batches.deep_lo0,
+                                             1 + batches.deep_hi0 - batches.deep_lo0 + k - batches.deep_lo1)])
+    elif k <= n_first:
+        face = face_of(batches.first[first_entry + k])
+    if face < 0 and not covered and not in_deep and k <= n_first and chain_inside and chain.last_inside \
+            and not batches.deep_done:
+        # p is inside deeper than r + eta: this side's samples from here on and, when the other
+        # side's first sample found nothing within r + eta either, that side's samples, in one
+        # traversal (each within the Lipschitz bound from p: found for sure, no ray).
+        batches.deep_done = True
+        if side == 0:
+            batches.deep_lo0 = k
+            batches.deep_hi0 = n_first + 1
+            if has_next == 1:
+                if face_of(batches.first[first_entry + n_first + 1]) < 0:
+                    batches.deep_lo1 = 1
+                    batches.deep_hi1 = n_first + 1
+        else:
+            batches.deep_lo1 = k
+            batches.deep_hi1 = n_first + 1
+        batches.deep = mesh_closest_points(mesh, p, 0.0, seg_prev, float(batches.deep_lo0) * inv_2k,
+                                           batches.deep_hi0 - batches.deep_lo0, seg_next,
+                                           float(batches.deep_lo1) * inv_2k, batches.deep_hi1 - batches.deep_lo1,
+                                           inv_2k, reach_b, chain_abs, True, False)
+        face = face_of(batches.deep[1])
+        in_deep = True
+    if face < 0 and not covered and not in_deep and (k > n_first or (chain_inside and chain.last_inside)):
+        # The samples from here on, in one more traversal: beyond the first batch, or p is inside
+        # deeper than r + eta (each sample is then searched within the Lipschitz bound from p:
+        # found for sure, no ray).
+        batches.side_start = k
+        batches.side_end = wp.min(sweep_steps + 1, k + SWEPT_BATCH)
+        batches.side = mesh_closest_points(mesh, p, 0.0, segment, sk, batches.side_end - k, segment, 0.0, 0,
+                                           inv_2k, reach_b, wp.where(found != 0, chain_abs, -1.0), chain_inside,
+                                           False)
+        face = face_of(batches.side[1])
+    found_k = int(0)
+    sd_k = float(0.0)
+    grad_k = wp.vec3(0.0, 0.0, 0.0)
+    full = bool(True)
+    if face >= 0:
+        d_vec, dist, inside, outward = batched_feature(mesh, q, face, data, winding)
+        sd_k, grad_k = signed_result(d_vec, dist, inside, outward)
+        found_k = 1
+        full = False
+    elif not chain.last_inside and chain.last_abs + reach_b > (sk - chain.last_s) * seg_len:
+        full = False
+    return found_k, sd_k, grad_k, full, batches
+
+
+@wp.func
+def swept_sample(mesh: wp.uint64, cull_radius: float, sign_method: int, p: wp.vec3, seg_prev: wp.vec3,
+                 seg_next: wp.vec3, segment: wp.vec3, side: int, k: int, sk: float, has_prev: int, has_next: int,
+                 radius: float, eta: float, max_dist: float, sweep_steps: int, found: int, chain_abs: float,
+                 chain_inside: bool, data: int, sign_closed: bool, winding: bool, batched: bool, chain: SideChain,
+                 batches: SweptBatches):
+    """Cost and cost gradient (mesh frame) of sample k of a side that no clearance skipped, with
+    the side's chain and the traversals brought up to date: (ck, gk, chain, batches). Batched,
+    the traversals give its closest point within r + eta (batched_sample); else, and where the
+    full test must decide, mesh_signed_distance: on a closed surface within what a later
+    sample's clearance could use, elsewhere the plain query."""
+    reach_b = radius + eta
+    seg_len = wp.length(segment)
+    q = p + segment * sk
+    search = wp.min(max_dist, (0.5 - sk) * seg_len * REACH_MARGIN + REACH_SLACK) + reach_b
+    known = search
+    full = bool(True)
+    found_k = int(0)
+    sd_k = float(0.0)
+    grad_k = wp.vec3(0.0, 0.0, 0.0)
+    if batched:
+        # Searched within r + eta already: a full test only asks whether it is inside.
+        search = 0.0
+        known = reach_b
+        found_k, sd_k, grad_k, full, batches = batched_sample(
+            mesh, p, q, seg_prev, seg_next, segment, seg_len, side, k, sk, has_prev, has_next, found, chain_abs,
+            chain_inside, reach_b, sweep_steps, data, winding, chain, batches)
+    if not sign_closed:
+        # The plain query of q (see swept_slot_cost), bounded by the last exact distance plus the
+        # distance moved where that is nearer: the closest point lies within it, and a bound
+        # beyond it by Warp's tie tolerance finds the same one (same sign).
+        search = max_dist + reach_b
+        if chain.last_exact:
+            search = wp.min(search, (chain.last_abs + (sk - chain.last_s) * seg_len) * REACH_MARGIN + REACH_SLACK
+                            + warp_tie_margin(mesh))
+    if full:
+        found_k, sd_k, grad_k = mesh_signed_distance(mesh, q, search, cull_radius, sign_method,
+                                                     wp.where(sign_closed, search, reach_b))
+    if full or found_k != 0:
+        chain.mask = chain.mask | side_bit(k)
+    ck = float(0.0)
+    gk = wp.vec3(0.0, 0.0, 0.0)
+    clearance_k = known - reach_b
+    chain.last_abs = known
+    chain.last_inside = False
+    if found_k != 0:
+        dck = float(0.0)
+        ck, dck = penetration_cost(sd_k, radius, eta)
+        gk = grad_k * (-dck)
+        clearance_k = sd_k - reach_b
+        chain.last_abs = wp.abs(sd_k)
+        chain.last_inside = sd_k < 0.0
+    chain.last_exact = found_k != 0
+    chain.last_s = sk
+    chain.free_reach = wp.max(chain.free_reach, sk * seg_len + clearance_k)
+    return ck, gk, chain, batches
+
+
 @wp.func
 def swept_slot_cost(
     mesh: wp.uint64,
@@ -127,14 +400,7 @@ def swept_slot_cost(
     mask_prev = int(0)
     mask_next = int(0)
     reach_b = radius + eta
-    data, method = mesh_sign_method(mesh, sign_method)
-    # Only the sign of a closed surface changes where the surface is crossed: elsewhere (open
-    # surfaces; the winding number of an open surface, which passes 0.5 off the surface) a point
-    # free of the surface may still be inside, so the clearance of a point frees no sample, and
-    # p and every sample take the plain query (max_dist + r + eta), which makes the step's cost
-    # the mean of the plain costs at its samples, as defined. (The kernel hands moving steps on
-    # such meshes to open_swept_slot_cost where the sign lets their points share traversals.)
-    sign_closed = sign_is_closed(mesh, data)
+    data, sign_closed, winding, batched = swept_regime(mesh, sign_method, seg_prev, seg_next, has_prev, has_next)
     if not sign_closed:
         bound0 = max_dist
     bound_p = bound0 + radius + eta
@@ -144,78 +410,9 @@ def swept_slot_cost(
         # and no point of the slot can be inside (the mesh itself is not touched).
         if wp.length(p) > cull_radius + bound_p + half_len:
             return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
-    # A closed winding-number surface (several, overlapping or nested shells: the box bounds its
-    # inside) shares the traversal too; the winding number at each point found gives the sign.
-    winding = method == SIGN_WINDING_NUMBER and data >= 0 and sign_closed
-    # A stationary step keeps the plain query of p, so that it reproduces the plain cost bit for bit.
-    batched = sign_closed and (winding or (method == SIGN_NORMAL and data >= 0)) and n_sides > 0 and (
-        (has_prev == 1 and wp.length_sq(seg_prev) > 0.0) or (has_next == 1 and wp.length_sq(seg_next) > 0.0))
-    inv_2k = float(0.0)
-    n_first = int(0)
-    batch = vec16()
-    found = int(0)
-    sd = float(0.0)
-    grad_sd = wp.vec3(0.0, 0.0, 0.0)
-    # Samples of both sides searched in one more traversal when p is inside deeper than r + eta
-    # (deep_batch: side 0's samples deep_lo0 .. deep_hi0 - 1, then side 1's deep_lo1 .. deep_hi1 - 1).
-    deep_batch = vec16()
-    deep_done = bool(False)
-    deep_lo0 = int(0)
-    deep_hi0 = int(0)
-    deep_lo1 = int(0)
-    deep_hi1 = int(0)
-    if batched:
-        # p (within its bound) and the samples of both sides (within r + eta: their cost needs
-        # nothing farther) in one traversal.
-        inv_2k = 1.0 / (2.0 * float(sweep_steps))
-        n_first = wp.min(sweep_steps, SWEPT_SIDE_BATCH)
-        batch = mesh_closest_points(mesh, p, bound_p, seg_prev, inv_2k, has_prev * n_first, seg_next, inv_2k,
-                                    has_next * n_first, inv_2k, reach_b, -1.0, False, False)
-        face = face_of(batch[0])
-        if face >= 0:
-            d_vec, dist, inside, outward = batched_feature(mesh, p, face, data, winding)
-            sd, grad_sd = signed_result(d_vec, dist, inside, outward)
-            found = 1
-        else:
-            # Nothing within bound_p: outside unless p is deep inside, which only a point in the
-            # mesh's box can be (mesh_signed_distance's inside test). One ray decides; where p
-            # may be inside, p and the samples of both sides are searched in one traversal, the
-            # samples within the Lipschitz bound from p (found for sure, tightened as p's
-            # search narrows).
-            lo = box_lower(mesh, data)
-            hi = box_upper(mesh, data)
-            search = float(-1.0)
-            if p[0] >= lo[0] and p[1] >= lo[1] and p[2] >= lo[2] and p[0] <= hi[0] and p[1] <= hi[1] and p[2] <= hi[2]:
-                if winding:
-                    if winding_inside(mesh, p):
-                        search = UNBOUNDED
-                else:
-                    search = closed_inside_bound(mesh, p)
-            if search > 0.0:
-                deep_batch = mesh_closest_points(mesh, p, search, seg_prev, inv_2k, has_prev * n_first, seg_next,
-                                                 inv_2k, has_next * n_first, inv_2k, reach_b, search, True, False)
-                face = face_of(deep_batch[0])
-                if face >= 0:
-                    # inside: the winding number said so (pseudo False keeps it), or the pseudo-normal says
-                    d_vec, dist, inside, outward = closest_feature(mesh, p, face, wp.where(winding, -1.0, 1.0), data,
-                                                                   not winding)
-                    if inside < 0.0:
-                        sd, grad_sd = signed_result(d_vec, dist, inside, outward)
-                        found = 1
-                        deep_done = True
-                        deep_lo0 = 1
-                        deep_hi0 = 1 + has_prev * n_first
-                        deep_lo1 = 1
-                        deep_hi1 = 1 + has_next * n_first
-    else:
-        # p's result is needed within r + eta (its cost) and, as a clearance, out to the farthest
-        # sample (half_len): where mesh_signed_distance may search within need first, nothing
-        # found there still frees every sample (the clearance below exceeds half_len).
-        need_p = wp.min(bound_p, reach_b + half_len * REACH_MARGIN + REACH_SLACK)
-        if not sign_closed:
-            need_p = reach_b
-        found, sd, grad_sd = mesh_signed_distance(mesh, p, bound_p, cull_radius, sign_method, need_p)
-        bound_p = need_p
+    found, sd, grad_sd, bound_p, batches = swept_centre(mesh, cull_radius, sign_method, p, seg_prev, seg_next,
+                                                        has_prev, has_next, reach_b, bound_p, half_len, sweep_steps,
+                                                        data, sign_closed, winding, batched)
     clearance = bound_p - reach_b
     chain_abs = bound_p
     chain_inside = bool(False)
@@ -232,134 +429,38 @@ def swept_slot_cost(
     for side in range(2):
         if (side == 0 and has_prev == 0) or (side == 1 and has_next == 0):
             continue
-        segment = seg_prev
-        first_entry = 0
-        if side == 1:
-            segment = seg_next
-            first_entry = has_prev * n_first
+        segment = wp.where(side == 1, seg_next, seg_prev)
         seg_len = wp.length(segment)
-        free_reach = wp.max(clearance, 0.0)
-        last_s = float(0.0)
-        last_abs = chain_abs
-        last_inside = chain_inside
-        # last_abs is the exact distance of the last point evaluated (it was found).
-        last_exact = found != 0
+        chain = side_chain_start(clearance, chain_abs, chain_inside, found)
+        batches.side_start = 0
+        batches.side_end = 0
         to_neighbour = wp.vec3(0.0, 0.0, 0.0)
-        mask = int(0)
-        side_batch = vec16()
-        batch_start = int(0)
-        batch_end = int(0)
         for k in range(1, sweep_steps + 1):
             sk = float(k) * inv_2k
             wk = swept_sample_weight(k, sweep_steps, n_sides)
             # Where the sign is not a closed surface's, no clearance frees a sample (see above).
-            if sign_closed and sk * seg_len < free_reach:
+            if sign_closed and sk * seg_len < chain.free_reach:
                 delta -= wk * c0
                 continue
-            ck = float(0.0)
-            gk = wp.vec3(0.0, 0.0, 0.0)
+            ck = c0
+            gk = g0
             if seg_len == 0.0:
                 # Every sample sits on p: its cost is c0, bit for bit.
-                ck = c0
-                gk = g0
-                mask = mask | side_bit(k)
+                chain.mask = chain.mask | side_bit(k)
             else:
-                q = p + segment * sk
-                search = wp.min(max_dist, (0.5 - sk) * seg_len * REACH_MARGIN + REACH_SLACK) + reach_b
-                known = search
-                full = bool(True)
-                found_k = int(0)
-                sd_k = float(0.0)
-                grad_k = wp.vec3(0.0, 0.0, 0.0)
-                if batched:
-                    # Searched within r + eta already: a full test only asks whether it is inside.
-                    search = 0.0
-                    known = reach_b
-                    face = int(-1)
-                    covered = k >= batch_start and k < batch_end
-                    in_deep = (side == 0 and k >= deep_lo0 and k < deep_hi0) or (
-                        side == 1 and k >= deep_lo1 and k < deep_hi1)
-                    if covered:
-                        face = face_of(side_batch[1 + k - batch_start])
-                    elif in_deep:
-                        face = face_of(deep_batch[wp.where(side == 0, 1 + k - deep_lo0,
-                                                           1 + deep_hi0 - deep_lo0 + k - deep_lo1)])
-                    elif k <= n_first:
-                        face = face_of(batch[first_entry + k])
-                    if face < 0 and not covered and not in_deep and k <= n_first and chain_inside and last_inside \
-                            and not deep_done:
-                        # p is inside deeper than r + eta: this side's samples from here on and, when
-                        # the other side's first sample found nothing within r + eta either, that
-                        # side's samples, in one traversal (each within the Lipschitz bound from p:
-                        # found for sure, no ray).
-                        deep_done = True
-                        if side == 0:
-                            deep_lo0 = k
-                            deep_hi0 = n_first + 1
-                            if has_next == 1:
-                                if face_of(batch[first_entry + n_first + 1]) < 0:
-                                    deep_lo1 = 1
-                                    deep_hi1 = n_first + 1
-                        else:
-                            deep_lo1 = k
-                            deep_hi1 = n_first + 1
-                        deep_batch = mesh_closest_points(mesh, p, 0.0, seg_prev, float(deep_lo0) * inv_2k,
-                                                         deep_hi0 - deep_lo0, seg_next, float(deep_lo1) * inv_2k,
-                                                         deep_hi1 - deep_lo1, inv_2k, reach_b, chain_abs, True, False)
-                        face = face_of(deep_batch[1])
-                        in_deep = True
-                    if face < 0 and not covered and not in_deep and (k > n_first or (chain_inside and last_inside)):
-                        # The samples from here on, in one more traversal: beyond the first batch,
-                        # or p is inside deeper than r + eta (each sample is then searched within
-                        # the Lipschitz bound from p: found for sure, no ray).
-                        batch_start = k
-                        batch_end = wp.min(sweep_steps + 1, k + SWEPT_BATCH)
-                        side_batch = mesh_closest_points(mesh, p, 0.0, segment, sk, batch_end - k, segment, 0.0, 0,
-                                                         inv_2k, reach_b, wp.where(found != 0, chain_abs, -1.0),
-                                                         chain_inside, False)
-                        face = face_of(side_batch[1])
-                    if face >= 0:
-                        d_vec, dist, inside, outward = batched_feature(mesh, q, face, data, winding)
-                        sd_k, grad_k = signed_result(d_vec, dist, inside, outward)
-                        found_k = 1
-                        full = False
-                    elif not last_inside and last_abs + reach_b > (sk - last_s) * seg_len:
-                        full = False
-                if not sign_closed:
-                    # The plain query of q (see above), bounded by the last exact distance plus the
-                    # distance moved where that is nearer: the closest point lies within it, and a
-                    # bound beyond it by Warp's tie tolerance finds the same one (same sign).
-                    search = max_dist + reach_b
-                    if last_exact:
-                        search = wp.min(search, (last_abs + (sk - last_s) * seg_len) * REACH_MARGIN + REACH_SLACK
-                                        + warp_tie_margin(mesh))
-                if full:
-                    found_k, sd_k, grad_k = mesh_signed_distance(mesh, q, search, cull_radius, sign_method,
-                                                                 wp.where(sign_closed, search, reach_b))
-                if full or found_k != 0:
-                    mask = mask | side_bit(k)
-                clearance_k = known - reach_b
-                last_abs = known
-                last_inside = False
-                if found_k != 0:
-                    dck = float(0.0)
-                    ck, dck = penetration_cost(sd_k, radius, eta)
-                    gk = grad_k * (-dck)
-                    clearance_k = sd_k - reach_b
-                    last_abs = wp.abs(sd_k)
-                    last_inside = sd_k < 0.0
-                last_exact = found_k != 0
-                last_s = sk
-                free_reach = wp.max(free_reach, sk * seg_len + clearance_k)
+                ck, gk, chain, batches = swept_sample(mesh, cull_radius, sign_method, p, seg_prev, seg_next, segment,
+                                                      side, k, sk, has_prev, has_next, radius, eta, max_dist,
+                                                      sweep_steps, found, chain_abs, chain_inside, data, sign_closed,
+                                                      winding, batched, chain, batches)
             delta += wk * (ck - c0)
             own += gk * (wk * (1.0 - sk))
             to_neighbour += gk * (wk * sk)
         if side == 0:
             to_prev = to_neighbour
-            mask_prev = mask
+            mask_prev = chain.mask
         else:
             to_next = to_neighbour
-            mask_next = mask
+            mask_next = chain.mask
     return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
 
 
@@ -369,6 +470,155 @@ def open_swept_sign(mesh: wp.uint64, sign_method: int) -> bool:
     then evaluates every sample) and comes from the closest triangle or the winding number."""
     data, method = mesh_sign_method(mesh, sign_method)
     return (not sign_is_closed(mesh, data)) and (method == SIGN_NORMAL or (method == SIGN_WINDING_NUMBER and data >= 0))
+
+
+@wp.struct
+class RimShortcut:
+    """open_swept_slot_cost's winding-number state of a step (open_centre_windings): p's verdict
+    once known (known, inside, clearance), the distance p_apart within which no surface lies, the
+    rim slopes towards each neighbour, the lanes of the first traversal that take p's verdict
+    (settled), those found inside, and p's closest feature (delta, dist, outward)."""
+
+    known: bool
+    inside: bool
+    clearance: float
+    apart: float
+    slope_prev: float
+    slope_next: float
+    settled: int
+    inside_lanes: int
+    delta: wp.vec3
+    dist: float
+    outward: wp.vec3
+
+
+@wp.func
+def open_centre_windings(mesh: wp.uint64, data: int, p: wp.vec3, seg_prev: wp.vec3, seg_next: wp.vec3,
+                         has_prev: int, has_next: int, n_first: int, inv_2k: float, reach_b: float,
+                         batch: vec16) -> RimShortcut:
+    """The winding numbers of the points the first traversal found (p, then up to n_first samples
+    a side), in shared traversals too (batched_winding_inside), except where the rim shortcut
+    (rim_settled_lanes) gives a sample p's verdict; p's own winding number is evaluated only where
+    it may settle a sample (a clearance above 1/2 needs nested surfaces)."""
+    rim = RimShortcut()
+    found_lanes = int(0)
+    for j in range(16):
+        if face_of(batch[j]) >= 0:
+            found_lanes = found_lanes | (1 << j)
+    p_face = face_of(batch[0])
+    # No surface within apart of p: a sample nearer p reaches it without crossing.
+    rim.apart = reach_b
+    if p_face >= 0:
+        p_delta, p_dist, unused_inside, p_outward = closest_feature(mesh, p, p_face, 1.0, data, False)
+        rim.delta = p_delta
+        rim.dist = p_dist
+        rim.outward = p_outward
+        rim.apart = p_dist * 0.9999
+    if has_prev != 0:
+        rim.slope_prev = rim_slope(mesh, data, p, 0.5 * wp.length(seg_prev))
+    if has_next != 0:
+        rim.slope_next = rim_slope(mesh, data, p, 0.5 * wp.length(seg_next))
+    wanted = found_lanes
+    if p_face >= 0 or not open_winding_outside(mesh, data, p, reach_b):
+        wanted = -1
+    if rim_settled_lanes(has_prev * n_first, has_next * n_first, wp.length(seg_prev), wp.length(seg_next), inv_2k,
+                         rim.apart, rim.slope_prev, rim.slope_next, 0.5) & wanted & ~1 != 0:
+        p_inside, p_clearance = winding_clearance(mesh, p)
+        rim.inside = p_inside
+        rim.clearance = p_clearance
+        rim.known = True
+        rim.settled = rim_settled_lanes(has_prev * n_first, has_next * n_first, wp.length(seg_prev),
+                                        wp.length(seg_next), inv_2k, rim.apart, rim.slope_prev, rim.slope_next,
+                                        rim.clearance) | 1
+        found_lanes = found_lanes & ~rim.settled
+    rim.inside_lanes = batched_winding_inside(mesh, p, seg_prev, seg_next, inv_2k, has_prev * n_first,
+                                              has_next * n_first, found_lanes)
+    if rim.inside:
+        rim.inside_lanes = rim.inside_lanes | rim.settled
+    return rim
+
+
+@wp.func
+def open_traversal(mesh: wp.uint64, p: wp.vec3, first: bool, k: int, sk: float, segment: wp.vec3, seg_prev: wp.vec3,
+                   seg_next: wp.vec3, has_prev: int, has_next: int, n_first: int, sweep_steps: int, inv_2k: float,
+                   reach: float, p_abs: float, data: int):
+    """(lanes, samples searched) of one of open_swept_slot_cost's shared traversals: the first (p
+    within ``reach``, up to n_first samples a side), else the side's samples from k on, up to
+    SWEPT_BATCH of them, each within the Lipschitz bound from p (p's distance p_abs)."""
+    n_more = wp.min(sweep_steps + 1, k + SWEPT_BATCH) - k
+    fresh = mesh_closest_points(mesh, p, wp.where(first, reach, 0.0), wp.where(first, seg_prev, segment),
+                                wp.where(first, inv_2k, sk), wp.where(first, has_prev * n_first, n_more),
+                                seg_next, inv_2k, wp.where(first, has_next * n_first, 0), inv_2k, reach,
+                                wp.where(first, -1.0, p_abs), False, data < 0)
+    return fresh, n_more
+
+
+@wp.func
+def open_entry(batch: vec16, side_batch: vec16, i: int, k: int, side: int, has_prev: int, n_first: int,
+               batch_start: int, batch_end: int):
+    """(traversal entry, lane of the first traversal, whether from the side's later traversal) of
+    point i of open_swept_slot_cost's step (sample k of ``side``; i = 0: p)."""
+    entry = batch[0]
+    lane = int(0)
+    in_side_batch = i > 0 and k >= batch_start and k < batch_end
+    if in_side_batch:
+        entry = side_batch[1 + k - batch_start]
+    elif i > 0:
+        lane = side * has_prev * n_first + k
+        entry = batch[lane]
+    return entry, lane, in_side_batch
+
+
+@wp.func
+def open_point(mesh: wp.uint64, cull_radius: float, sign_method: int, q: wp.vec3, i: int, side: int, sk: float,
+               segment: wp.vec3, entry: float, lane: int, in_side_batch: bool, winding: bool, data: int,
+               rim: RimShortcut, bound: float, reach_b: float, last_abs: float, last_s: float, tie_margin: float):
+    """(found, sd, grad_sd) of point i of open_swept_slot_cost's step (q: p for i = 0, else sample
+    sk of ``side``) from its traversal entry (lane ``lane`` of the first traversal, or of the
+    side's later one): signed as the mesh's sign says, by the winding numbers evaluated in
+    shared traversals, or by p's verdict where the rim shortcut gives it; found nothing for, the
+    plain query, bounded by the side's last exact distance plus the distance moved (plus Warp's
+    tie tolerance)."""
+    face = face_of(entry)
+    found = int(0)
+    sd = float(0.0)
+    grad_sd = wp.vec3(0.0, 0.0, 0.0)
+    # p's verdict holds here (the rim shortcut), for a sample of a later batch too.
+    as_p = bool(False)
+    if rim.known:
+        if in_side_batch:
+            reach_q = sk * wp.length(segment)
+            as_p = reach_q < rim.apart and reach_q * wp.where(side == 0, rim.slope_prev, rim.slope_next) \
+                + 2.0 * WINDING_APPROXIMATION_ERROR < rim.clearance
+        else:
+            as_p = ((rim.settled >> lane) & 1) != 0
+    if face >= 0:
+        inside_q = warp_inside(entry)
+        if winding:
+            if in_side_batch and not as_p:
+                inside_q = wp.where(winding_inside(mesh, q), -1.0, 1.0)
+            elif in_side_batch:
+                inside_q = wp.where(rim.inside, -1.0, 1.0)
+            else:
+                inside_q = wp.where(((rim.inside_lanes >> lane) & 1) != 0, -1.0, 1.0)
+        if i == 0 and winding:
+            sd, grad_sd = signed_result(rim.delta, rim.dist, inside_q, rim.outward)
+        else:
+            d_vec, dist, inside, outward = closest_feature(mesh, q, face, inside_q, data, data >= 0 and not winding)
+            sd, grad_sd = signed_result(d_vec, dist, inside, outward)
+        found = 1
+    elif as_p and not rim.inside:
+        # Outside and nothing within r + eta: no cost, as mesh_signed_distance would find.
+        found = 0
+    else:
+        search = bound
+        if last_abs >= 0.0:
+            # The closest point lies within the last exact distance plus the distance moved, and a
+            # bound beyond it by Warp's tie tolerance finds the same one (same sign).
+            search = wp.min(search, (last_abs + (sk - last_s) * wp.length(segment)) * REACH_MARGIN
+                            + REACH_SLACK + tie_margin)
+        found, sd, grad_sd = mesh_signed_distance(mesh, q, search, cull_radius, sign_method, reach_b)
+    return found, sd, grad_sd
 
 
 # Out of line: inlined, its traversal arrays and long-lived state would join the swept kernel's
@@ -422,24 +672,12 @@ def open_swept_slot_cost(
     side_batch = vec16()
     batch_start = int(0)
     batch_end = int(0)
-    inside_lanes = int(0)
     p_abs = float(-1.0)
     last_abs = float(-1.0)
     last_s = float(0.0)
     to_neighbour = wp.vec3(0.0, 0.0, 0.0)
     mask = int(0)
-    # The rim shortcut of the winding number (rim_settled_lanes): p's verdict, once known, and what
-    # it settles.
-    p_known = bool(False)
-    p_inside = bool(False)
-    p_clearance = float(0.0)
-    p_apart = float(0.0)
-    slope_prev = float(0.0)
-    slope_next = float(0.0)
-    settled = int(0)
-    p_delta = wp.vec3(0.0, 0.0, 0.0)
-    p_dist = float(0.0)
-    p_outward = wp.vec3(0.0, 0.0, 0.0)
+    rim = RimShortcut()
     # Point 0 is p, then side 0's samples k = 1..K, then side 1's: one evaluation site for all.
     for i in range(2 * sweep_steps + 1):
         side = wp.where(i > sweep_steps, 1, 0)
@@ -461,100 +699,22 @@ def open_swept_slot_cost(
         # a side has more, SWEPT_BATCH more at a time (within the Lipschitz bound from p).
         first = i == 0
         if first or (k > n_first and k >= batch_end):
-            n_more = wp.min(sweep_steps + 1, k + SWEPT_BATCH) - k
-            fresh = mesh_closest_points(mesh, p, wp.where(first, reach, 0.0), wp.where(first, seg_prev, segment),
-                                        wp.where(first, inv_2k, sk), wp.where(first, has_prev * n_first, n_more),
-                                        seg_next, inv_2k, wp.where(first, has_next * n_first, 0), inv_2k, reach,
-                                        wp.where(first, -1.0, p_abs), False, data < 0)
+            fresh, n_more = open_traversal(mesh, p, first, k, sk, segment, seg_prev, seg_next, has_prev, has_next,
+                                           n_first, sweep_steps, inv_2k, reach, p_abs, data)
             if first:
                 batch = fresh
                 if winding:
-                    # The winding numbers of the points found, in shared traversals too, except
-                    # where the rim shortcut gives a sample p's verdict.
-                    found_lanes = int(0)
-                    for j in range(16):
-                        if face_of(batch[j]) >= 0:
-                            found_lanes = found_lanes | (1 << j)
-                    p_face = face_of(batch[0])
-                    # No surface within p_apart of p: a sample nearer p reaches it without crossing.
-                    p_apart = reach_b
-                    if p_face >= 0:
-                        p_delta, p_dist, unused_inside, p_outward = closest_feature(mesh, p, p_face, 1.0, data, False)
-                        p_apart = p_dist * 0.9999
-                    if has_prev != 0:
-                        slope_prev = rim_slope(mesh, data, p, 0.5 * wp.length(seg_prev))
-                    if has_next != 0:
-                        slope_next = rim_slope(mesh, data, p, 0.5 * wp.length(seg_next))
-                    wanted = found_lanes
-                    if p_face >= 0 or not open_winding_outside(mesh, data, p, reach_b):
-                        wanted = -1
-                    # p's winding number is evaluated on its own only where it may settle a
-                    # sample (a clearance above 1/2 needs nested surfaces).
-                    if rim_settled_lanes(has_prev * n_first, has_next * n_first, wp.length(seg_prev),
-                                         wp.length(seg_next), inv_2k, p_apart, slope_prev, slope_next,
-                                         0.5) & wanted & ~1 != 0:
-                        p_inside, p_clearance = winding_clearance(mesh, p)
-                        p_known = True
-                        settled = rim_settled_lanes(has_prev * n_first, has_next * n_first, wp.length(seg_prev),
-                                                    wp.length(seg_next), inv_2k, p_apart, slope_prev, slope_next,
-                                                    p_clearance) | 1
-                        found_lanes = found_lanes & ~settled
-                    inside_lanes = batched_winding_inside(mesh, p, seg_prev, seg_next, inv_2k, has_prev * n_first,
-                                                          has_next * n_first, found_lanes)
-                    if p_inside:
-                        inside_lanes = inside_lanes | settled
+                    rim = open_centre_windings(mesh, data, p, seg_prev, seg_next, has_prev, has_next, n_first, inv_2k,
+                                               reach_b, batch)
             else:
                 side_batch = fresh
                 batch_start = k
                 batch_end = k + n_more
-        entry = batch[0]
-        lane = int(0)
-        in_side_batch = i > 0 and k >= batch_start and k < batch_end
-        if in_side_batch:
-            entry = side_batch[1 + k - batch_start]
-        elif i > 0:
-            lane = side * has_prev * n_first + k
-            entry = batch[lane]
-        face = face_of(entry)
-        found = int(0)
-        sd = float(0.0)
-        grad_sd = wp.vec3(0.0, 0.0, 0.0)
-        # p's verdict holds here (the rim shortcut), for a sample of a later batch too.
-        as_p = bool(False)
-        if p_known:
-            if in_side_batch:
-                reach_q = sk * wp.length(segment)
-                as_p = reach_q < p_apart and reach_q * wp.where(side == 0, slope_prev, slope_next) \
-                    + 2.0 * WINDING_APPROXIMATION_ERROR < p_clearance
-            else:
-                as_p = ((settled >> lane) & 1) != 0
-        if face >= 0:
-            inside_q = warp_inside(entry)
-            if winding:
-                if in_side_batch and not as_p:
-                    inside_q = wp.where(winding_inside(mesh, q), -1.0, 1.0)
-                elif in_side_batch:
-                    inside_q = wp.where(p_inside, -1.0, 1.0)
-                else:
-                    inside_q = wp.where(((inside_lanes >> lane) & 1) != 0, -1.0, 1.0)
-            if i == 0 and winding:
-                sd, grad_sd = signed_result(p_delta, p_dist, inside_q, p_outward)
-            else:
-                d_vec, dist, inside, outward = closest_feature(mesh, q, face, inside_q, data,
-                                                               data >= 0 and not winding)
-                sd, grad_sd = signed_result(d_vec, dist, inside, outward)
-            found = 1
-        elif as_p and not p_inside:
-            # Outside and nothing within r + eta: no cost, as mesh_signed_distance would find.
-            found = 0
-        else:
-            search = bound
-            if last_abs >= 0.0:
-                # The closest point lies within the last exact distance plus the distance moved,
-                # and a bound beyond it by Warp's tie tolerance finds the same one (same sign).
-                search = wp.min(search, (last_abs + (sk - last_s) * wp.length(segment)) * REACH_MARGIN
-                                + REACH_SLACK + tie_margin)
-            found, sd, grad_sd = mesh_signed_distance(mesh, q, search, cull_radius, sign_method, reach_b)
+        entry, lane, in_side_batch = open_entry(batch, side_batch, i, k, side, has_prev, n_first, batch_start,
+                                                batch_end)
+        found, sd, grad_sd = open_point(mesh, cull_radius, sign_method, q, i, side, sk, segment, entry, lane,
+                                        in_side_batch, winding, data, rim, bound, reach_b, last_abs, last_s,
+                                        tie_margin)
         c = float(0.0)
         g = wp.vec3(0.0, 0.0, 0.0)
         last_abs = -1.0
