@@ -150,6 +150,30 @@ def ray_winding_inside(mesh: wp.uint64, data: int, p: wp.vec3) -> int:
 
 
 @wp.func
+def deep_winding_inside(mesh: wp.uint64, data: int, p: wp.vec3) -> bool:
+    """Winding-number inside test of a point with no surface near: from the first face a ray meets
+    where its face row settles it (ray_winding_inside), else Warp's winding number."""
+    verdict = ray_winding_inside(mesh, data, p)
+    if verdict < 0:
+        return winding_inside(mesh, p)
+    return verdict == 1
+
+
+@wp.func
+def winding_feature(mesh: wp.uint64, p: wp.vec3, face: int, data: int):
+    """closest_feature of a point of a winding-regime mesh (robot_sdf's sign data at ``data``) from
+    the triangle a search found, signed by the winding number: from the face row of the closest
+    point's triangle where it settles it (robot_sdf.face_winding), else Warp's winding number.
+    Every found point of a mesh with slivers is re-searched (the pseudo-normal side is not yet
+    the sign)."""
+    delta, dist, side, outward, closest = closest_feature_face(mesh, p, face, 1.0, data, True, UNBOUNDED)
+    verdict = settled_winding_inside(mesh, closest, side < 0.0)
+    if verdict < 0:
+        verdict = wp.where(winding_inside(mesh, p), 1, 0)
+    return delta, dist, wp.where(verdict == 1, -1.0, 1.0), outward
+
+
+@wp.func
 def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_radius: float, sign_method: int,
                          need: float):
     """Signed distance of mesh-frame point p to one mesh, searched up to ``bound`` outside.
@@ -226,10 +250,7 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
             return found, sd, grad
         deep = True
     if winding and deep:
-        verdict = ray_winding_inside(mesh, data, p)
-        if verdict < 0:
-            verdict = wp.where(winding_inside(mesh, p), 1, 0)
-        if verdict == 1:
+        if deep_winding_inside(mesh, data, p):
             inside = -1.0
         else:
             return found, sd, grad
@@ -255,16 +276,7 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     dist = float(0.0)
     outward = wp.vec3(0.0, 0.0, 0.0)
     if winding and not deep:
-        # The sign from the face row of the closest point's triangle where it settles it
-        # (robot_sdf.face_winding), else from the winding number; every found point of a mesh
-        # with slivers is re-searched (the pseudo-normal side is not yet the sign).
-        closest = int(0)
-        side = float(0.0)
-        delta, dist, side, outward, closest = closest_feature_face(mesh, p, face, 1.0, data, True, UNBOUNDED)
-        verdict = settled_winding_inside(mesh, closest, side < 0.0)
-        if verdict < 0:
-            verdict = wp.where(winding_inside(mesh, p), 1, 0)
-        inside = wp.where(verdict == 1, -1.0, 1.0)
+        delta, dist, inside, outward = winding_feature(mesh, p, face, data)
     else:
         delta, dist, inside, outward = closest_feature(mesh, p, face, inside, data, pseudo, need)
     if deep and inside >= 0.0:

@@ -25,8 +25,9 @@ from robot_sdf.kernels.closest_point import UNBOUNDED, closest_feature, signed_r
 from robot_sdf.kernels.native import (SWEPT_BATCH, SWEPT_SIDE_BATCH, face_of, mesh_closest_points, vec16,
                                       warp_inside)
 from robot_sdf.kernels.sign_data import SIGN_NORMAL, SIGN_WINDING_NUMBER, box_lower, box_upper
-from robot_sdf.kernels.signed_distance import (REACH_MARGIN, REACH_SLACK, closed_inside_bound, mesh_sign_method,
-                                               mesh_signed_distance, sign_is_closed, warp_tie_margin)
+from robot_sdf.kernels.signed_distance import (REACH_MARGIN, REACH_SLACK, closed_inside_bound, deep_winding_inside,
+                                               mesh_sign_method, mesh_signed_distance, out_of_reach, sign_is_closed,
+                                               warp_tie_margin, winding_feature)
 from robot_sdf.kernels.winding import (WINDING_APPROXIMATION_ERROR, batched_winding_inside, open_winding_outside,
                                        rim_settled_lanes, rim_slope, winding_clearance, winding_inside)
 
@@ -73,12 +74,10 @@ def side_bit(k: int) -> int:
 @wp.func
 def batched_feature(mesh: wp.uint64, q: wp.vec3, face: int, data: int, winding: bool):
     """closest_feature of a point whose closest triangle a shared traversal found, signed by the
-    pseudo-normal, or on a winding-number mesh by its winding number at q."""
-    inside = float(1.0)
+    pseudo-normal, or on a winding-number mesh by its winding number at q (winding_feature)."""
     if winding:
-        if winding_inside(mesh, q):
-            inside = -1.0
-    return closest_feature(mesh, q, face, inside, data, not winding)
+        return winding_feature(mesh, q, face, data)
+    return closest_feature(mesh, q, face, 1.0, data, True)
 
 
 @wp.struct
@@ -194,7 +193,7 @@ def swept_centre(mesh: wp.uint64, cull_radius: float, sign_method: int, p: wp.ve
             search = float(-1.0)
             if p[0] >= lo[0] and p[1] >= lo[1] and p[2] >= lo[2] and p[0] <= hi[0] and p[1] <= hi[1] and p[2] <= hi[2]:
                 if winding:
-                    if winding_inside(mesh, p):
+                    if deep_winding_inside(mesh, data, p):
                         search = UNBOUNDED
                 else:
                     search = closed_inside_bound(mesh, p)
@@ -410,6 +409,9 @@ def swept_slot_cost(
         # and no point of the slot can be inside (the mesh itself is not touched).
         if wp.length(p) > cull_radius + bound_p + half_len:
             return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
+    elif out_of_reach(mesh, data, p, bound_p + half_len):
+        # Unknown cull radius (tensors built elsewhere): the mesh's own bounds.
+        return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
     found, sd, grad_sd, bound_p, batches = swept_centre(mesh, cull_radius, sign_method, p, seg_prev, seg_next,
                                                         has_prev, has_next, reach_b, bound_p, half_len, sweep_steps,
                                                         data, sign_closed, winding, batched)
@@ -659,10 +661,12 @@ def open_swept_slot_cost(
     reach_b = radius + eta
     bound = max_dist + reach_b
     half_len = wp.max(float(has_prev) * wp.length(seg_prev), float(has_next) * wp.length(seg_next)) * 0.5
+    data, method = mesh_sign_method(mesh, sign_method)
     if cull_radius > 0.0:
         if wp.length(p) > cull_radius + bound + half_len:
             return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
-    data, method = mesh_sign_method(mesh, sign_method)
+    elif out_of_reach(mesh, data, p, bound + half_len):
+        return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
     winding = method == SIGN_WINDING_NUMBER and data >= 0
     reach = wp.where(winding, reach_b * REACH_MARGIN + REACH_SLACK, bound)
     inv_2k = 1.0 / (2.0 * float(sweep_steps))
