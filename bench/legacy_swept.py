@@ -6,6 +6,10 @@ point), and its gradient was the sum of the samples' gradients, all credited to 
 the cost out of scale (up to 2 * sweep_steps + 1 times the plain cost) and made it jump when a
 neighbour moved off p[t]; the gradient was not the derivative of that cost. The current rule is
 robot_sdf.kernels.swept_sphere_cost_kernel (docs/design.md "Swept cost").
+
+The plain cost no longer returns the clearance the old rule advanced by; here it comes from one
+more ESDF query per point (legacy_clearance), so this kernel's times bound the old rule's from
+above.
 """
 from __future__ import annotations
 
@@ -14,6 +18,13 @@ import warp as wp
 from robot_sdf import kernels
 
 wp.set_module_options({"enable_backward": False})
+
+
+@wp.func
+def legacy_clearance(p: wp.vec3, radius: float, max_dist: float, world: kernels.World) -> float:
+    """Distance from the sphere to the nearest surface of environment 0 (0 inside, at most max_dist)."""
+    deepest, unused = kernels.point_world_esdf(p, max_dist, 0, world)
+    return wp.max(-deepest - radius, 0.0)
 
 
 @wp.kernel
@@ -46,8 +57,8 @@ def legacy_swept_sphere_cost_kernel(
     grad = wp.vec3(0.0, 0.0, 0.0)
     evaluations = int(0)
     if radius >= 0.0:
-        clearance0 = float(0.0)
-        cost, grad, clearance0 = kernels.sphere_world_cost(p, radius, eta, max_dist, 0, world)
+        cost, grad = kernels.sphere_world_cost(p, radius, eta, max_dist, 0, world)
+        clearance0 = legacy_clearance(p, radius, max_dist, world)
         evaluations = int(1)
         for side in range(2):
             neighbour_step = step - 1 + 2 * side
@@ -67,9 +78,8 @@ def legacy_swept_sphere_cost_kernel(
             for _k in range(sweep_steps):
                 tau = wp.min(tau + wp.max(clearance, min_advance), length)
                 q = p + direction * tau
-                cq = float(0.0)
-                gq = wp.vec3(0.0, 0.0, 0.0)
-                cq, gq, clearance = kernels.sphere_world_cost(q, radius, eta, max_dist, 0, world)
+                cq, gq = kernels.sphere_world_cost(q, radius, eta, max_dist, 0, world)
+                clearance = legacy_clearance(q, radius, max_dist, world)
                 evaluations += 1
                 cost += cq
                 grad += gq

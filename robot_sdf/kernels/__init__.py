@@ -37,7 +37,7 @@ from robot_sdf.kernels.closest_point import UNBOUNDED  # noqa: E402
 from robot_sdf.kernels.hessian import sphere_hessian_kernel  # noqa: E402
 from robot_sdf.kernels.native import (face_of, mesh_closest_points, mesh_winding_numbers, warp_inside,  # noqa: E402
                                       winding_number)
-from robot_sdf.kernels.plain_cost import sphere_cost_kernel, sphere_world_cost  # noqa: E402
+from robot_sdf.kernels.plain_cost import point_world_esdf, sphere_cost_kernel, sphere_world_cost  # noqa: E402
 from robot_sdf.kernels.sign_data import (SIGN_AUTO, SIGN_DEFAULT, SIGN_NORMAL, SIGN_PARITY,  # noqa: E402
                                          SIGN_PER_SLOT, SIGN_WINDING_NUMBER, sign_data_offset)
 from robot_sdf.kernels.slot_walk import World, slot_boxes_kernel, slot_pose  # noqa: E402
@@ -50,5 +50,5 @@ __all__ = [
     "SIGN_PARITY", "SIGN_PER_SLOT", "SIGN_WINDING_NUMBER", "UNBOUNDED", "WINDING_ACCURACY",
     "WINDING_APPROXIMATION_ERROR", "World", "face_of", "mesh_closest_points", "mesh_winding_numbers", "rim_slope",
     "sign_data_offset", "slot_boxes_kernel", "slot_pose", "sphere_cost_kernel", "sphere_hessian_kernel",
-    "sphere_world_cost", "swept_sphere_cost_kernel", "warp_inside", "winding_number",
+    "point_world_esdf", "sphere_world_cost", "swept_sphere_cost_kernel", "warp_inside", "winding_number",
 ]
