@@ -27,10 +27,7 @@ def _triangle_kernel(p: wp.array(dtype=wp.vec3d), a: wp.array(dtype=wp.vec3d), b
 
 def _triangles(rng: np.random.Generator, n: int):
     """(p, a, b, c) (n,3) each: random triangles, a quarter of them slivers (300:1) and a tenth of
-    zero area (collinear corners), points around them. Not a corner repeated at the same position:
-    there closest_on_triangle divides 0 by 0 in the first edge's region (NaN), which no caller
-    meets (Warp's searches skip such triangles, and the sliver re-search compares their NaN
-    distance, which never wins)."""
+    zero area (collinear corners), points around them (repeated corners: the next test)."""
     a, b, c = (rng.normal(size=(n, 3)) for _ in range(3))
     sliver = rng.random(n) < 0.25
     c[sliver] = a[sliver] + (b[sliver] - a[sliver]) * rng.random((sliver.sum(), 1)) \
@@ -87,6 +84,28 @@ def test_closest_on_triangle_is_the_closest_point_and_names_its_feature():
     normal /= np.linalg.norm(normal, axis=1, keepdims=True)
     across = np.linalg.norm(np.cross(p[face] - closest[face], normal), axis=1)
     assert np.all(across <= 1e-9 * (1.0 + np.linalg.norm(p[face] - closest[face], axis=1)))
+
+
+def test_closest_on_triangle_with_coincident_corners_is_the_closest_point_of_what_is_left():
+    """Two corners at the same position (any pair) or all three: a segment or a point, whose closest
+    point is found (it was NaN in the first edge's region)."""
+    rng = np.random.default_rng(2)
+    n = 4000
+    a, b, c = (rng.normal(size=(n, 3)) for _ in range(3))
+    kind = np.arange(n) % 4
+    b[kind == 0] = a[kind == 0]
+    c[kind == 1] = b[kind == 1]
+    a[kind == 2] = c[kind == 2]
+    b[kind == 3] = a[kind == 3]
+    c[kind == 3] = a[kind == 3]
+    p = (a + b + c) / 3.0 + rng.normal(size=(n, 3))
+    closest = wp.zeros(n, dtype=wp.vec3d, device="cpu")
+    feature = wp.zeros(n, dtype=wp.int32, device="cpu")
+    arrays = [wp.array(x, dtype=wp.vec3d, device="cpu") for x in (p, a, b, c)]
+    wp.launch(_triangle_kernel, n, [*arrays, closest, feature], device="cpu")
+    got = np.linalg.norm(closest.numpy() - p, axis=1)
+    edges = np.min([_segment_distance(p, e0, e1) for e0, e1 in ((a, b), (b, c), (c, a))], axis=0)
+    np.testing.assert_allclose(got, edges, rtol=1e-9, atol=1e-12)
 
 
 @wp.kernel

@@ -53,7 +53,10 @@ def closest_on_triangle(p: wp.vec3d, b: wp.vec3d, c: wp.vec3d):
     if d3 >= zero and d4 <= d3:
         return b, 5
     vc = d1 * d4 - d3 * d2
-    if vc <= zero and d1 >= zero and d3 <= zero:
+    # (Each edge region also asks for a nonzero denominator: it is zero only where the edge's
+    # corners coincide, and the edge is then a point that the corner regions or the zero-area
+    # search below give.)
+    if vc <= zero and d1 >= zero and d3 <= zero and d1 - d3 > zero:
         return b * (d1 / (d1 - d3)), 1
     cp = p - c
     d5 = wp.dot(b, cp)
@@ -61,10 +64,10 @@ def closest_on_triangle(p: wp.vec3d, b: wp.vec3d, c: wp.vec3d):
     if d6 >= zero and d5 <= d6:
         return c, 6
     vb = d5 * d2 - d1 * d6
-    if vb <= zero and d2 >= zero and d6 <= zero:
+    if vb <= zero and d2 >= zero and d6 <= zero and d2 - d6 > zero:
         return c * (d2 / (d2 - d6)), 3
     va = d3 * d6 - d5 * d4
-    if va <= zero and (d4 - d3) >= zero and (d5 - d6) >= zero:
+    if va <= zero and (d4 - d3) >= zero and (d5 - d6) >= zero and (d4 - d3) + (d5 - d6) > zero:
         return b + (c - b) * ((d4 - d3) / ((d4 - d3) + (d5 - d6))), 2
     denom = va + vb + vc
     if denom <= zero:
