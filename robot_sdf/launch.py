@@ -11,7 +11,7 @@ the Warp versions robot_sdf._internals.WARP_SHORTCUTS lists; elsewhere every lau
 public ``wp.launch`` (test/cuda_paths_test.py checks that both give the same results).
 Array arguments travel as launch descriptors (Warp's array_t, built by ``descriptor``), struct
 arguments as the struct's C value (a ctypes structure with ``__ctype__``, such as
-robot_sdf.world_args.WorldValue: what Warp's launches take of a struct instance), scalars as
+WorldValue below: what Warp's launches take of a struct instance), scalars as
 Python numbers matching the kernel's types.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import warp as wp
 
-from robot_sdf import _internals, kernels, mesh_analysis
+from robot_sdf import _internals, face_winding, kernels, mesh_analysis
 
 _CPU_MIN_SPHERES_PER_THREAD = 2048
 # CPU launches go straight to the kernel hook (_CpuCall). False sends them through Warp's
@@ -75,7 +75,7 @@ STREAM_CACHE_SIZE = 32
 _KERNEL_MODULES = tuple(dict.fromkeys(
     [k.module.name for k in (kernels.sphere_cost_kernel, kernels.swept_sphere_cost_kernel,
                              kernels.sphere_hessian_kernel, kernels.slot_boxes_kernel)]
-    + [mesh_analysis.__name__]))
+    + [mesh_analysis.__name__, face_winding.__name__]))
 
 
 def warp_device(device: torch.device):
@@ -344,3 +344,25 @@ def flat_descriptor(t: torch.Tensor, element_bytes: int):
     """Descriptor of a contiguous tensor as a 1-D array of elements of ``element_bytes`` bytes
     (e.g. 16 for vec4 over (..., 4) float32): the cheapest form, for per-call buffers."""
     return ArrayDescriptor(t.data_ptr(), 0, 1, (t.numel() * t.element_size() // element_bytes,), (element_bytes,))
+
+
+class WorldValue(kernels.World.ctype):
+    """kernels.World as a launch argument: the struct's C value, its array fields launch
+    descriptors. Warp's launches take it through ``__ctype__`` (as they take a wp.struct
+    instance); the direct CPU call copies it into its argument struct. ``keep`` holds the
+    descriptors it was filled from (and so the converted copies they own) for as long as it lives."""
+
+    def __ctype__(self):
+        return self
+
+
+def world_value(world: tuple, code: int, slot_signs, slot_bvh) -> WorldValue:
+    """The World of the four world descriptors (mesh_idx, pose_inv, mesh_enable, n_env_mesh), the
+    sign code, the per-slot sign descriptor and the slot-BVH descriptor."""
+    value = WorldValue()
+    value.mesh_idx, value.pose_inv, value.mesh_enable, value.n_env_mesh = world
+    value.sign_method = code
+    value.slot_sign = slot_signs
+    value.slot_bvh = slot_bvh
+    value.keep = (world, slot_signs, slot_bvh)
+    return value

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from robot_sdf import _internals, kernels
-from robot_sdf.launch import descriptor, owning_descriptor, warp_device
+from robot_sdf.launch import descriptor, owning_descriptor, warp_device, world_value
 from robot_sdf.types import SignMethod
 
 # Descriptors of tensors that callers keep across calls (a snapshot's tensors, cached scalar
@@ -271,28 +271,6 @@ def env_query(env_query_idx, batch: int, device: torch.device):
     """(env_descriptor, whether it is used) for env_query_idx."""
     env, use = env_tensor(env_query_idx, batch, device)
     return env_descriptor(env, use), use
-
-
-class WorldValue(kernels.World.ctype):
-    """kernels.World as a launch argument: the struct's C value, its array fields launch
-    descriptors. Warp's launches take it through ``__ctype__`` (as they take a wp.struct
-    instance); the direct CPU call copies it into its argument struct. ``keep`` holds the
-    descriptors it was filled from (and so the converted copies they own) for as long as it lives."""
-
-    def __ctype__(self):
-        return self
-
-
-def world_value(world: tuple, code: int, slot_signs, slot_bvh) -> WorldValue:
-    """The World of the four world descriptors (mesh_idx, pose_inv, mesh_enable, n_env_mesh), the
-    sign code, the per-slot sign descriptor and the slot-BVH descriptor."""
-    value = WorldValue()
-    value.mesh_idx, value.pose_inv, value.mesh_enable, value.n_env_mesh = world
-    value.sign_method = code
-    value.slot_sign = slot_signs
-    value.slot_bvh = slot_bvh
-    value.keep = (world, slot_signs, slot_bvh)
-    return value
 
 
 # Launch arguments that callers keep across calls: the three scalar tensors and the World (the

@@ -67,7 +67,7 @@ def test_queries_visit_the_slots_whose_boxes_they_reach_in_their_mesh_frames():
         rotated = wp.zeros((n, SLOTS), dtype=wp.vec3, device="cpu")
         listed = wp.zeros(n, dtype=wp.int32, device="cpu")
         # The World struct as Warp's public API fills it (the package fills its C value directly:
-        # robot_sdf.world_args.WorldValue).
+        # robot_sdf.launch.WorldValue).
         world_arg = slot_walk.World()
         world_arg.mesh_idx = _as_warp(snap.mesh_idx, wp.int64)
         world_arg.pose_inv = _as_warp(snap.mesh_pose_inverse, wp.float32)
