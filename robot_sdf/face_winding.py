@@ -45,9 +45,12 @@ JUMP_TOLERANCE = 0.25
 
 @wp.kernel
 def _side_winding_kernel(mesh: wp.uint64, points: wp.array(dtype=wp.vec3), accuracy: float,
-                         out: wp.array(dtype=wp.float32)):
+                         out: wp.array(dtype=wp.float32), nearest: wp.array(dtype=wp.float32)):
     i = wp.tid()
-    out[i] = winding_number(mesh, points[i], accuracy)
+    p = points[i]
+    out[i] = winding_number(mesh, p, accuracy)
+    q = wp.mesh_query_point_no_sign(mesh, p, 1.0e6)
+    nearest[i] = wp.length(p - wp.mesh_eval_position(mesh, q.face, q.u, q.v))
 
 
 @wp.func
@@ -151,18 +154,23 @@ def face_rows(mesh: wp.Mesh, points: np.ndarray, welded_corner: np.ndarray, edge
     inner = np.zeros(n_faces)
     if probes.shape[0]:
         values = wp.empty(probes.shape[0], dtype=wp.float32, device=device)
+        nearest = wp.empty(probes.shape[0], dtype=wp.float32, device=device)
         wp.launch(_side_winding_kernel, dim=probes.shape[0],
-                  inputs=[mesh.id, wp.array(probes, dtype=wp.vec3, device=device), ACCURACY], outputs=[values],
-                  device=device)
+                  inputs=[mesh.id, wp.array(probes, dtype=wp.vec3, device=device), ACCURACY],
+                  outputs=[values, nearest], device=device)
         w = values.numpy().astype(np.float64)
+        # A probe nearer to another surface than to its face (a thin part around the face) would
+        # read that surface's winding number too, on both sides alike: its patch is not settled.
+        clear = (nearest.numpy().reshape(2, -1) >= 0.5 * np.linalg.norm(offset, axis=1)).all(axis=0)
+        w[:probe_faces.shape[0]][~clear] = np.nan
         # Each face takes its patch's values.
         by_patch_outer = np.zeros(n_faces)
         by_patch_inner = np.zeros(n_faces)
         by_patch_outer[patch[probe_faces]] = w[:probe_faces.shape[0]]
         by_patch_inner[patch[probe_faces]] = w[probe_faces.shape[0]:]
         outer, inner = by_patch_outer[patch], by_patch_inner[patch]
-    w_out = np.round(0.5 * (outer + inner - 1.0))
-    good &= np.abs(inner - outer - 1.0) < JUMP_TOLERANCE
+    w_out = np.nan_to_num(np.round(0.5 * (outer + inner - 1.0)))
+    good &= np.abs(inner - outer - 1.0) < JUMP_TOLERANCE  # (False where a probe was not clear: NaN)
 
     # One fan of faces around each welded vertex: corners joined across their clean edges.
     n_vertices = int(wt.max()) + 1

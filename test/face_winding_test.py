@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 import warp as wp
 
 import mesh_corpus as corpus
 import reference as ref
-from robot_sdf import face_winding, mesh_analysis, mesh_topology
+from robot_sdf import MeshWorld, face_winding, mesh_analysis, mesh_topology
 from robot_sdf.kernels.closest_point import closest_feature_face
-from robot_sdf.kernels.sign_data import sign_data_offset
+from robot_sdf.kernels.sign_data import face_rows_start, sign_data_offset
 from robot_sdf.kernels.signed_distance import ray_winding_inside
 from robot_sdf.kernels.winding import settled_winding_inside
 from robot_sdf.types import SignMethod
@@ -100,7 +101,7 @@ def _open_hemisphere():
 VERDICT_CASES = {
     "overlapping_spheres": (lambda: _spheres(0.08, 0.1), 0.8),
     "nested_spheres": (lambda: _spheres(0.0, 0.05), 0.9),
-    "open_hemisphere": (_open_hemisphere, 0.0),  # open: no rows, nothing settled, still right
+    "open_hemisphere": (_open_hemisphere, 0.0),  # open: no rows, nothing settled
     "nested_shells": (corpus.nested_shells, 0.0),
     "self_intersecting_shell": (corpus.self_intersecting_shell, 0.0),
     "overlapping_one_inside_out": (corpus.overlapping_one_inside_out, 0.0),
@@ -164,6 +165,9 @@ def test_settled_verdicts_are_the_exact_winding_numbers(name):
         decided = (got >= 0) & clear
         np.testing.assert_array_equal(got[decided], truth[decided])
     assert ((by_face.numpy() >= 0) & clear).sum() >= share * clear.sum()
+    assert ((by_ray.numpy() >= 0) & clear).sum() >= share * clear.sum()
+    if name.startswith("open"):
+        assert (by_face.numpy() == -1).all()  # an open surface has no rows: nothing settled
 
 
 def test_touching_fans_are_not_settled():
@@ -177,3 +181,29 @@ def test_touching_fans_are_not_settled():
     at_touch = (t == 0).any(axis=1) | (t == 4).any(axis=1)
     assert not rows[at_touch, 2].any()
     assert rows[~at_touch, 2].all()
+
+
+def test_a_refit_clears_the_rows_and_signs_stay_the_winding_numbers():
+    """update_vertices moves the surface under the rows: the refit leaves no face settled (the
+    kernels then evaluate the winding number), and the signs after it are the reference's winding
+    numbers of the moved mesh (the overlap of two spheres moved, points in the old overlap now
+    inside one sphere or none)."""
+    v, t = _spheres(0.08, 0.1)
+    world = MeshWorld(device="cpu", max_distance=0.02)
+    world.add_mesh("m", v, t)
+    assert world.mesh_info("m")["sign_method"] == "winding_number"
+    (geometry,) = world._geometries.values()
+    start = face_rows_start(len(v), len(t))
+    assert geometry.velocities.numpy()[start:start + len(t), 2].sum() > 0.5 * len(t)
+    moved = np.asarray(v, np.float64).copy()
+    moved[len(v) // 2:] += [0.07, 0.02, 0.0]
+    world.update_vertices("m", moved)
+    (geometry,) = world._geometries.values()
+    assert not geometry.velocities.numpy()[start:start + len(t), 2].any()
+    pts = corpus.sample_points(moved, 1500, seed=12)
+    sd, _ = world.signed_distance(torch.tensor(pts, dtype=torch.float32))
+    sd_ref, _, _, clear = corpus.reference_labels(pts, moved, t)
+    clear &= np.abs(sd_ref) > 1e-4
+    inside = ref.winding_number(pts, moved, t) > 0.5
+    assert clear.sum() > 1000 and (inside & clear).sum() > 200
+    np.testing.assert_array_equal(sd.numpy()[clear] < 0, inside[clear])

@@ -82,7 +82,7 @@ def test_sign_data_passes_as_separate_launches_match_loops(name, mesh):
                                           one_launch=False)
     group = ref.position_groups(v)
     for shape in (v, np.asarray(v * 0.5 - 0.1, np.float32)):
-        out = np.empty((writer.rows, 3), np.float32)
+        out = np.full((writer.rows, 3), np.nan, np.float32)  # every row must be written
         points = np.empty_like(shape)
         # given about a centre: the writer centres them (float64, rounded once)
         raw = np.asarray(shape.astype(np.float64) + (0.25, -1.5, 3.0), np.float32)

@@ -69,6 +69,58 @@ def test_slot_bvh_hits_are_the_overlapping_boxes():
             assert hits[i, 32] > native.SLOT_HITS
 
 
+@wp.kernel
+def _faces_near_kernel(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), radius: wp.array(dtype=float),
+                       lower: wp.array(dtype=wp.vec3), upper: wp.array(dtype=wp.vec3), hits: wp.array2d(dtype=wp.int32)):
+    i = wp.tid()
+    found = native.mesh_faces_near(mesh, pts[i], radius[i], lower[i], upper[i])
+    for j in range(33):
+        hits[i, j] = found[j]
+
+
+def test_mesh_faces_near_lists_the_triangles_near_the_point_in_the_box():
+    """mesh_faces_near: every triangle whose box overlaps the query box and comes nearer than
+    radius to the point is listed once (when at most SLOT_HITS are), none whose box misses the box
+    or lies beyond radius plus its stated slack; more than SLOT_HITS reported as such. Against a
+    brute-force test of every triangle's box (float64)."""
+    v, t = ref.icosphere(0.3, 4)  # 5120 triangles
+    v = (v * [1.0, 0.6, 1.4]).astype(np.float32)
+    mesh = wp.Mesh(points=wp.array(v, dtype=wp.vec3, device="cpu"),
+                   indices=wp.array(t.astype(np.int32).ravel(), dtype=wp.int32, device="cpu"))
+    rng = np.random.default_rng(8)
+    n = 3000
+    # Points near the surface and a few deep; radii from a few triangles to most of the mesh.
+    pts = (v[t[rng.integers(0, len(t), n), 0]] * rng.uniform(0.3, 1.2, size=(n, 1))).astype(np.float32)
+    radius = (rng.uniform(0.0, 0.3, size=n) ** 2).astype(np.float32)
+    centre = (pts + rng.normal(0.0, 0.05, size=(n, 3))).astype(np.float32)
+    half = rng.uniform(0.0, 0.3, size=(n, 1)).astype(np.float32)
+    lo, hi = centre - half, centre + half
+    hits = wp.zeros((n, 33), dtype=wp.int32, device="cpu")
+    arr = lambda a: wp.array(a, dtype=wp.vec3, device="cpu")  # noqa: E731
+    wp.launch(_faces_near_kernel, n, [mesh.id, arr(pts), wp.array(radius, dtype=float, device="cpu"), arr(lo),
+                                      arr(hi), hits], device="cpu")
+    hits = hits.numpy()
+    corners = v.astype(np.float64)[t]
+    t_lo, t_hi = corners.min(axis=1), corners.max(axis=1)
+    overlap = np.all((t_lo[None] <= hi[:, None]) & (t_hi[None] >= lo[:, None]), axis=2)
+    gap = np.maximum(np.maximum(t_lo[None] - pts[:, None], pts[:, None] - t_hi[None]), 0.0)
+    box_dist = np.linalg.norm(gap, axis=2)
+    r = radius.astype(np.float64)[:, None]
+    must = overlap & (box_dist < r * (1.0 - 1.0e-5))
+    may = overlap & (box_dist <= r * (1.0 + 2.0e-4) + 1.0e-6)
+    counts = must.sum(1)
+    listed = np.minimum(hits[:, 32], native.SLOT_HITS)
+    assert (counts == 0).sum() > 200 and ((counts > 0) & (hits[:, 32] <= 32)).sum() > 300
+    assert (hits[:, 32] > 32).sum() > 50
+    for i in range(n):
+        if hits[i, 32] <= native.SLOT_HITS:
+            got = hits[i, :listed[i]]
+            assert len(set(got)) == len(got)
+            assert must[i, got].sum() == counts[i] and may[i, got].all()
+        else:
+            assert may[i].sum() > native.SLOT_HITS
+
+
 # ---------------------------------------------------------------------------------- mesh facts
 @wp.kernel
 def _mesh_facts_kernel(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), box_sq: wp.array(dtype=float),

@@ -144,8 +144,8 @@ def ray_winding_inside(mesh: wp.uint64, data: int, p: wp.vec3) -> int:
             return 0
         return -1
     facing = wp.dot(INSIDE_RAY, ray_n)
-    if wp.abs(facing) < 1.0e-3:
-        return -1  # grazing: the side is not clear
+    if wp.abs(facing) < 1.0e-3 or wp.min(wp.min(bu, bv), 1.0 - bu - bv) <= EDGE_MARGIN:
+        return -1  # grazing, or on an edge where either face may be reported: the side is not clear
     return settled_winding_inside(mesh, ray_face, facing > 0.0)
 
 
