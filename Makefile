@@ -1,7 +1,8 @@
 # robot_sdf developer entry points (GNU make).
 #
 #   make venv         build .venv: pinned deps, robot_sdf_interfaces (CMake), robot_sdf (editable)
-#   make test         run the pytest suite (test/colcon_test.py builds a colcon workspace under build/)
+#   make test         run the pytest suite, modules in parallel (TEST_WORKERS; test/colcon_test.py builds
+#                     a colcon workspace under build/)
 #   make test-ros     run the ROS-facing tests only (node, client, lifecycle, tf, colcon, launch, reliability)
 #   make colcon       build the ROS 2 workspace build/colcon_ws-<venv name> (both packages) with colcon
 #   make demo         run the demo (robot_sdf.examples.demo)
@@ -113,15 +114,21 @@ $(STAMP): $(IFACE_STAMP) setup.py setup.cfg
 	@echo "[setup] done: $(VENV) is ready (ROS 2 $(ROS_DISTRO))"
 
 PYTEST_ARGS ?= -q
+# Test modules run in parallel worker processes (pytest-xdist), a whole module per worker so that
+# its fixtures (a node, a colcon workspace) are built once; each worker reserves ROS domain ids
+# of its own (server_process.reserve_domain_id). One worker per core, at most 4;
+# TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
 test: venv
-	$(PY) -m pytest $(PYTEST_ARGS) test
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS) test
 
 # The tests that exercise ROS 2 itself (rclpy, the interfaces, the node, colcon, the launch file),
 # which CI runs on each distribution; test/distro_test.py checks the venv's rclpy first.
 ROS_TESTS := test/distro_test.py $(sort $(wildcard test/ros_*_test.py)) test/lifecycle_test.py \
              test/colcon_test.py test/launch_test.py test/server_process_test.py test/health_test.py
 test-ros: venv
-	$(PY) -m pytest $(PYTEST_ARGS) $(ROS_TESTS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS) $(ROS_TESTS)
 
 # The workspace build of docs/install.md (`colcon build --paths src/robot_sdf src/robot_sdf/robot_sdf_interfaces`)
 # from this checkout, into build/colcon_ws-<venv name>/{build,install,log}: one workspace per venv,
