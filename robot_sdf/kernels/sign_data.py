@@ -14,7 +14,8 @@ with B = V + 4T + 3K the row of the mesh's box (``data`` in the accessors, from 
     [V + 3T, V + 4T)    face row of triangle f at V + 3T + f: (winding number on its outer side,
                         distance from its centroid to its farthest corner, 1 where the sign may be
                         taken from the closest feature) (robot_sdf.face_winding; all 0, nothing
-                        settled, until the owner writes them, and again after a refit)
+                        settled, until the owner writes them, and again after a refit; the
+                        distance is read by no kernel yet: it bounds the face for a per-face cull)
     V + 4T + 3c + RIM_LOWER   lower corner of the box of rim chunk c, c < K
     V + 4T + 3c + RIM_UPPER   upper corner
     V + 4T + 3c + RIM_LENGTH  (length of the chunk's rim edges, each times its multiplicity, 0, 0)
