@@ -74,8 +74,13 @@ def test_pool_threads_keep_launches_of_their_own(monkeypatch, fresh_launches):
     spheres = random_spheres(rng, BATCH, meshes)
     seen: dict[int, set] = {}
     real_replay = launch._replay
+    # Both pool threads take a chunk of every pooled launch: on a loaded machine one thread could
+    # otherwise finish its chunk and take the other's too, and the test would see one thread.
+    both = threading.Barrier(2, timeout=60)
 
     def replay(kernel, wdev, total, args, stream=None):
+        if threading.current_thread().name.startswith("robot_sdf_warp"):
+            both.wait()
         real_replay(kernel, wdev, total, args, stream)
         seen.setdefault(threading.get_ident(), set()).update(id(e[0]) for e in launch._launches.by_kernel.values())
 
