@@ -71,23 +71,43 @@ def test_slot_bvh_hits_are_the_overlapping_boxes():
 
 @wp.kernel
 def _faces_near_kernel(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), radius: wp.array(dtype=float),
-                       lower: wp.array(dtype=wp.vec3), upper: wp.array(dtype=wp.vec3), hits: wp.array2d(dtype=wp.int32)):
+                       lower: wp.array(dtype=wp.vec3), upper: wp.array(dtype=wp.vec3), thin_only: bool,
+                       hits: wp.array2d(dtype=wp.int32), total: wp.array(dtype=wp.int32)):
+    """Every listed triangle, asked for 32 at a time as closest_point does, into hits[i, :total]."""
     i = wp.tid()
-    found = native.mesh_faces_near(mesh, pts[i], radius[i], lower[i], upper[i])
-    for j in range(33):
-        hits[i, j] = found[j]
+    skip = int(0)
+    n = int(0)
+    while skip < hits.shape[1]:
+        found = native.mesh_faces_near(mesh, pts[i], radius[i], lower[i], upper[i], thin_only, skip)
+        n = found[32]
+        for j in range(wp.min(n - skip, 32)):
+            if skip + j < hits.shape[1]:
+                hits[i, skip + j] = found[j]
+        if n <= skip + 32:
+            break
+        skip += 32
+    total[i] = n
 
 
-def test_mesh_faces_near_lists_the_triangles_near_the_point_in_the_box():
-    """mesh_faces_near: every triangle whose box overlaps the query box and comes nearer than
-    radius to the point is listed once (when at most SLOT_HITS are), none whose box misses the box
-    or lies beyond radius plus its stated slack; more than SLOT_HITS reported as such. Against a
-    brute-force test of every triangle's box (float64)."""
+@pytest.mark.parametrize("thin_only", [False, True])
+def test_mesh_faces_near_lists_the_triangles_near_the_point_in_the_box(thin_only):
+    """mesh_faces_near, asked 32 at a time: every triangle whose box overlaps the query box and
+    comes nearer than radius to the point is listed once, none whose box misses the box or lies
+    beyond radius plus its stated slack; with thin_only, only those whose longest edge / height
+    exceeds THIN_ASPECT. Against a brute-force test of every triangle's box and shape (float64)."""
     v, t = ref.icosphere(0.3, 4)  # 5120 triangles
-    v = (v * [1.0, 0.6, 1.4]).astype(np.float32)
+    v = v * [1.0, 0.6, 1.4]
+    # and 2000 slivers and thin triangles of aspect 2-200 lying on the surface
+    rng = np.random.default_rng(8)
+    base = v[t[rng.integers(0, len(t), 2000)]]
+    along = base[:, 1] - base[:, 0]
+    side = np.cross(along, base[:, 0])
+    side *= (np.linalg.norm(along, axis=1) / rng.uniform(2.0, 200.0, 2000) / np.linalg.norm(side, axis=1))[:, None]
+    thin = np.stack([base[:, 0], base[:, 1], base[:, 0] + 0.5 * along + side], axis=1)
+    t = np.concatenate([t, len(v) + np.arange(3 * len(thin)).reshape(-1, 3)])
+    v = np.concatenate([v, thin.reshape(-1, 3)]).astype(np.float32)
     mesh = wp.Mesh(points=wp.array(v, dtype=wp.vec3, device="cpu"),
                    indices=wp.array(t.astype(np.int32).ravel(), dtype=wp.int32, device="cpu"))
-    rng = np.random.default_rng(8)
     n = 3000
     # Points near the surface and a few deep; radii from a few triangles to most of the mesh.
     pts = (v[t[rng.integers(0, len(t), n), 0]] * rng.uniform(0.3, 1.2, size=(n, 1))).astype(np.float32)
@@ -95,11 +115,12 @@ def test_mesh_faces_near_lists_the_triangles_near_the_point_in_the_box():
     centre = (pts + rng.normal(0.0, 0.05, size=(n, 3))).astype(np.float32)
     half = rng.uniform(0.0, 0.3, size=(n, 1)).astype(np.float32)
     lo, hi = centre - half, centre + half
-    hits = wp.zeros((n, 33), dtype=wp.int32, device="cpu")
+    hits = wp.full((n, len(t)), -1, dtype=wp.int32, device="cpu")
+    total = wp.zeros(n, dtype=wp.int32, device="cpu")
     arr = lambda a: wp.array(a, dtype=wp.vec3, device="cpu")  # noqa: E731
     wp.launch(_faces_near_kernel, n, [mesh.id, arr(pts), wp.array(radius, dtype=float, device="cpu"), arr(lo),
-                                      arr(hi), hits], device="cpu")
-    hits = hits.numpy()
+                                      arr(hi), thin_only, hits, total], device="cpu")
+    hits, total = hits.numpy(), total.numpy()
     corners = v.astype(np.float64)[t]
     t_lo, t_hi = corners.min(axis=1), corners.max(axis=1)
     overlap = np.all((t_lo[None] <= hi[:, None]) & (t_hi[None] >= lo[:, None]), axis=2)
@@ -108,17 +129,20 @@ def test_mesh_faces_near_lists_the_triangles_near_the_point_in_the_box():
     r = radius.astype(np.float64)[:, None]
     must = overlap & (box_dist < r * (1.0 - 1.0e-5))
     may = overlap & (box_dist <= r * (1.0 + 2.0e-4) + 1.0e-6)
+    if thin_only:
+        longest = np.linalg.norm(corners - np.roll(corners, 1, axis=1), axis=2).max(axis=1)
+        height = np.linalg.norm(np.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0]), axis=1) / longest
+        aspect = longest / height
+        must &= aspect[None] > native.THIN_ASPECT * 1.01
+        may &= aspect[None] > native.THIN_ASPECT * 0.99
     counts = must.sum(1)
-    listed = np.minimum(hits[:, 32], native.SLOT_HITS)
-    assert (counts == 0).sum() > 200 and ((counts > 0) & (hits[:, 32] <= 32)).sum() > 300
-    assert (hits[:, 32] > 32).sum() > 50
+    assert (counts == 0).sum() > 200 and ((counts > 0) & (counts <= 32)).sum() > 300
+    assert (counts > (32 if thin_only else 64)).sum() > 20  # two calls, three and more
+    assert (total >= 0).all()
     for i in range(n):
-        if hits[i, 32] <= native.SLOT_HITS:
-            got = hits[i, :listed[i]]
-            assert len(set(got)) == len(got)
-            assert must[i, got].sum() == counts[i] and may[i, got].all()
-        else:
-            assert may[i].sum() > native.SLOT_HITS
+        got = hits[i, :total[i]]
+        assert (got >= 0).all() and len(set(got)) == len(got)
+        assert must[i, got].sum() == counts[i] and may[i, got].all()
 
 
 # ---------------------------------------------------------------------------------- mesh facts

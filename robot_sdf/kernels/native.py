@@ -115,6 +115,10 @@ def slot_bvh_hits(id: wp.uint64, lower: wp.vec3, upper: wp.vec3) -> slot_hits_t:
 
 
 # ------------------------------------------------------------------ sliver re-search
+# Longest edge / height above which a triangle counts as thin for the re-search: half the aspect
+# of a sliver (mesh_analysis.SLIVER_ASPECT), so that float32 rounding never lets one pass as
+# well-shaped.
+THIN_ASPECT = wp.constant(10.0)  # (written as its square, 100, in mesh_faces_near)
 @wp.func_native("""
 wp::vec_t<33, int> out;
 const wp::Mesh m = wp::mesh_get(mesh);
@@ -145,14 +149,21 @@ while (count) {
                 continue;
             if (wp::distance_to_aabb_sq(p, lo, hi) >= reach_sq)
                 continue;
-            if (n < 32)
-                out[n] = tri;
+            if (thin_only) {
+                // longest edge^2 <= THIN_ASPECT (10) * twice the area: a well-shaped triangle
+                const float longest2 = wp::max(wp::max(wp::length_sq(b - a), wp::length_sq(c - b)), wp::length_sq(a - c));
+                const float area2_sq = wp::length_sq(wp::cross(b - a, c - a));
+                if (longest2 * longest2 <= 100.0f * area2_sq)
+                    continue;
+            }
+            if (n >= skip && n < skip + 32)
+                out[n - skip] = tri;
             ++n;
         }
-        if (n > 32)
-            break;  // more than fit: the caller enumerates the box instead
+        if (n > skip + 32)
+            break;  // more than fit: the caller asks again from skip + 32
     } else if (count + 2 > BVH_QUERY_STACK_SIZE) {
-        n = 33;
+        n = -1;
         break;
     } else {
         stack[count++] = (int)nl.i;
@@ -161,10 +172,13 @@ while (count) {
 }
 out[32] = n;
 return out;""")
-def mesh_faces_near(mesh: wp.uint64, p: wp.vec3, radius: float, lower: wp.vec3, upper: wp.vec3) -> slot_hits_t:
+def mesh_faces_near(mesh: wp.uint64, p: wp.vec3, radius: float, lower: wp.vec3, upper: wp.vec3,
+                    thin_only: bool, skip: int) -> slot_hits_t:
     """Triangles of the mesh whose bounding boxes overlap [lower, upper] and come within about
-    ``radius`` of p (float32, a relative 2e-4 of slack): entries 0..min(n, 32)-1, n in entry 32
-    (n > 32: more than fit, or a tree deeper than the stack). A sphere-pruned traversal: far fewer
+    ``radius`` of p (float32, a relative 2e-4 of slack), only the thin ones (longest edge / height
+    above THIN_ASPECT, flat ones included) where ``thin_only``, in a fixed traversal order, from the
+    ``skip``-th on: entries 0..min(n - skip, 32)-1, n in entry 32 (n > skip + 32: more follow, ask
+    again with skip + 32; -1: a tree deeper than the stack). A sphere-pruned traversal: far fewer
     nodes than the box query of the same cube where the box is wide (a point deep inside)."""
     ...
 
