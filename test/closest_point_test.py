@@ -197,3 +197,60 @@ def test_slivers_are_re_searched_to_the_closest_triangle(name):
         if not arbitrary:
             clear = np.abs(sd) > 1e-5
             np.testing.assert_array_equal(sign[clear], np.where(sd[clear] < 0, -1.0, 1.0))
+
+
+@wp.kernel
+def _query_distance_kernel(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), dist: wp.array(dtype=float)):
+    i = wp.tid()
+    q = wp.mesh_query_point_no_sign(mesh, pts[i], 1.0e6)
+    dist[i] = wp.length(pts[i] - wp.mesh_eval_position(mesh, q.face, q.u, q.v))
+
+
+def _mesh(v, t, rows=None):
+    velocities = None if rows is None else wp.array(rows, dtype=wp.vec3, device="cpu")
+    return wp.Mesh(points=wp.array(np.asarray(v, np.float32), dtype=wp.vec3, device="cpu"),
+                   indices=wp.array(np.asarray(t, np.int32).ravel(), dtype=wp.int32, device="cpu"),
+                   velocities=velocities)
+
+
+def test_a_well_shaped_pick_is_re_searched_for_the_nearer_sliver():
+    """Warp's float32 distance of a 2000:1 sliver is too long at some points (by up to 1e-2 m);
+    with a well-shaped triangle placed just nearer than that wrong distance, Warp picks the
+    well-shaped one, and the re-search must still find the sliver (its exact distance, 1e-6 m):
+    the thin triangles it lists after a well-shaped pick are the ones that can be nearer."""
+    sliver = np.array([[-0.3, 0.0, 0.0], [0.3, 0.0, 0.0], [0.1, 3.0e-4, 0.0]], np.float32) + np.float32([0.05, 0.02, 0.01])
+    rng = np.random.default_rng(5)
+    pts = (sliver[0] + rng.uniform(0.0, 1.0, (40000, 1)) * (sliver[1] - sliver[0])
+           + rng.normal(0.0, 0.01, (40000, 3))).astype(np.float32)
+    alone = _mesh(sliver, [[0, 1, 2]])
+    d32 = wp.zeros(len(pts), dtype=float, device="cpu")
+    wp.launch(_query_distance_kernel, len(pts), [alone.id, wp.array(pts, dtype=wp.vec3, device="cpu"), d32],
+              device="cpu")
+    p64 = pts.astype(np.float64)
+    closest = ref.closest_point_triangles(p64, *(np.broadcast_to(c.astype(np.float64), p64.shape) for c in sliver))
+    true = np.linalg.norm(p64 - closest, axis=1)
+    excess = d32.numpy() - true
+    chosen = np.flatnonzero((excess > 2.0e-4) & (true > 3.0e-3) & (true < 0.015))[:20]
+    assert len(chosen) >= 5  # Warp's float32 sliver distances are that wrong at a few points
+    for i in chosen:
+        # An equilateral triangle (circumradius 2 mm) facing p, its centre excess / 2 beyond the
+        # sliver's true distance, on the far side from the sliver.
+        away = (p64[i] - closest[i]) / true[i]
+        centre = p64[i] + away * (true[i] + 0.5 * excess[i])
+        e1 = np.cross(away, [0.0, 0.0, 1.0] if abs(away[2]) < 0.9 else [1.0, 0.0, 0.0])
+        e1 /= np.linalg.norm(e1)
+        e2 = np.cross(away, e1)
+        angles = np.array([0.0, 2.0, 4.0]) * np.pi / 3.0
+        well = centre + 2.0e-3 * (np.cos(angles)[:, None] * e1 + np.sin(angles)[:, None] * e2)
+        v = np.concatenate([sliver, well]).astype(np.float32)
+        t = np.array([[0, 1, 2], [3, 4, 5]])
+        rows = mesh_analysis.sign_data(v, t, False, SignMethod.NORMAL)
+        assert rows[-2, 2] == 1.0  # slivers
+        mesh = _mesh(v, t, rows)
+        picked = wp.zeros(1, dtype=float, device="cpu")
+        point = wp.array(pts[i:i + 1], dtype=wp.vec3, device="cpu")
+        wp.launch(_query_distance_kernel, 1, [mesh.id, point, picked], device="cpu")
+        assert picked.numpy()[0] > true[i] + 1.0e-4  # Warp picked the well-shaped triangle
+        dist, sign = (wp.zeros(1, dtype=float, device="cpu") for _ in range(2))
+        wp.launch(_feature_kernel, 1, [mesh.id, point, 0, dist, sign], device="cpu")
+        assert abs(float(dist.numpy()[0]) - true[i]) < 1.0e-6
