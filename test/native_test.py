@@ -71,14 +71,14 @@ def test_slot_bvh_hits_are_the_overlapping_boxes():
 
 @wp.kernel
 def _faces_near_kernel(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), radius: wp.array(dtype=float),
-                       lower: wp.array(dtype=wp.vec3), upper: wp.array(dtype=wp.vec3), thin_only: bool,
+                       lower: wp.array(dtype=wp.vec3), upper: wp.array(dtype=wp.vec3), picked: int,
                        hits: wp.array2d(dtype=wp.int32), total: wp.array(dtype=wp.int32)):
     """Every listed triangle, asked for 32 at a time as closest_point does, into hits[i, :total]."""
     i = wp.tid()
     skip = int(0)
     n = int(0)
     while skip < hits.shape[1]:
-        found = native.mesh_faces_near(mesh, pts[i], radius[i], lower[i], upper[i], thin_only, skip)
+        found = native.mesh_faces_near(mesh, pts[i], radius[i], lower[i], upper[i], picked, skip)
         n = found[32]
         for j in range(wp.min(n - skip, 32)):
             if skip + j < hits.shape[1]:
@@ -89,12 +89,13 @@ def _faces_near_kernel(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), radius: wp
     total[i] = n
 
 
-@pytest.mark.parametrize("thin_only", [False, True])
-def test_mesh_faces_near_lists_the_triangles_near_the_point_in_the_box(thin_only):
+@pytest.mark.parametrize("pick", ["none", "well-shaped", "thin"])
+def test_mesh_faces_near_lists_the_triangles_near_the_point_in_the_box(pick):
     """mesh_faces_near, asked 32 at a time: every triangle whose box overlaps the query box and
     comes nearer than radius to the point is listed once, none whose box misses the box or lies
-    beyond radius plus its stated slack; with thin_only, only those whose longest edge / height
-    exceeds THIN_ASPECT. Against a brute-force test of every triangle's box and shape (float64)."""
+    beyond radius plus its stated slack; after a well-shaped pick, only those whose longest edge /
+    height exceeds THIN_ASPECT (after a thin pick or none, all). Against a brute-force test of
+    every triangle's box and shape (float64)."""
     v, t = ref.icosphere(0.3, 4)  # 5120 triangles
     v = v * [1.0, 0.6, 1.4]
     # and 2000 slivers and thin triangles of aspect 2-200 lying on the surface
@@ -106,6 +107,10 @@ def test_mesh_faces_near_lists_the_triangles_near_the_point_in_the_box(thin_only
     thin = np.stack([base[:, 0], base[:, 1], base[:, 0] + 0.5 * along + side], axis=1)
     t = np.concatenate([t, len(v) + np.arange(3 * len(thin)).reshape(-1, 3)])
     v = np.concatenate([v, thin.reshape(-1, 3)]).astype(np.float32)
+    # the triangle Warp's search found: none, an icosphere face, or the thinnest of the added ones
+    thinnest = len(t) - len(thin) + int(np.argmax(np.linalg.norm(along, axis=1) / np.linalg.norm(side, axis=1)))
+    picked = {"none": -1, "well-shaped": 0, "thin": thinnest}[pick]
+    thin_only = pick == "well-shaped"
     mesh = wp.Mesh(points=wp.array(v, dtype=wp.vec3, device="cpu"),
                    indices=wp.array(t.astype(np.int32).ravel(), dtype=wp.int32, device="cpu"))
     n = 3000
@@ -119,7 +124,7 @@ def test_mesh_faces_near_lists_the_triangles_near_the_point_in_the_box(thin_only
     total = wp.zeros(n, dtype=wp.int32, device="cpu")
     arr = lambda a: wp.array(a, dtype=wp.vec3, device="cpu")  # noqa: E731
     wp.launch(_faces_near_kernel, n, [mesh.id, arr(pts), wp.array(radius, dtype=float, device="cpu"), arr(lo),
-                                      arr(hi), thin_only, hits, total], device="cpu")
+                                      arr(hi), picked, hits, total], device="cpu")
     hits, total = hits.numpy(), total.numpy()
     corners = v.astype(np.float64)[t]
     t_lo, t_hi = corners.min(axis=1), corners.max(axis=1)

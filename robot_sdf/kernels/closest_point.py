@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warp as wp
 
-from robot_sdf.kernels.native import SLOT_HITS, THIN_ASPECT, mesh_faces_near
+from robot_sdf.kernels.native import SLOT_HITS, mesh_faces_near
 from robot_sdf.kernels.sign_data import edge_normal, has_slivers, vertex_normal
 
 wp.set_module_options({"enable_backward": False})
@@ -129,18 +129,6 @@ def triangle_box_distance(mesh: wp.uint64, face: int, p: wp.vec3) -> float:
 
 
 @wp.func
-def is_thin(mesh: wp.uint64, face: int) -> bool:
-    """Whether triangle ``face`` is thin: longest edge / height above THIN_ASPECT (float32; flat
-    triangles included), as mesh_faces_near's thin_only tells them."""
-    m = wp.mesh_get(mesh)
-    a = m.points[m.indices[3 * face]]
-    b = m.points[m.indices[3 * face + 1]]
-    c = m.points[m.indices[3 * face + 2]]
-    longest2 = wp.max(wp.max(wp.length_sq(b - a), wp.length_sq(c - b)), wp.length_sq(a - c))
-    return longest2 * longest2 > THIN_ASPECT * THIN_ASPECT * wp.length_sq(wp.cross(b - a, c - a))
-
-
-@wp.func
 def closer_face(mesh: wp.uint64, p: wp.vec3, other: int, delta: wp.vec3, dist: float, feature: int,
                 face_n: wp.vec3, face: int, improved: bool):
     """refine_closest's (delta, dist, feature, face_n) of triangle ``other`` and ``other`` itself
@@ -196,16 +184,17 @@ def closest_feature_face(mesh: wp.uint64, p: wp.vec3, face: int, inside: float, 
             reach = wp.vec3(half, half, half)
             # Warp's float32 distance of a well-shaped triangle is right (the premise of searching
             # meshes without slivers once): where it picked one, only a thin triangle can be
-            # nearer than the pick by more than rounding, and only those are listed. Listed
-            # SLOT_HITS at a time, with the first radius throughout (the same traversal order
-            # every time); each candidate is tested against the closest so far.
-            thin_only = not is_thin(mesh, face)
+            # nearer than the pick by more than rounding, and only those are listed (the pick
+            # passed as such). Listed SLOT_HITS at a time, with the first pick and radius
+            # throughout (the same traversal every time); each candidate is tested against the
+            # closest so far.
+            picked = face
             radius = dist
             improved = bool(False)
             skip = int(0)
             listed = int(0)
             while listed >= 0:
-                near = mesh_faces_near(mesh, p, radius, box_centre - reach, box_centre + reach, thin_only, skip)
+                near = mesh_faces_near(mesh, p, radius, box_centre - reach, box_centre + reach, picked, skip)
                 listed = near[32]
                 for k in range(wp.min(listed - skip, SLOT_HITS)):
                     delta, dist, feature, face_n, face, improved = closer_face(

@@ -117,11 +117,21 @@ def slot_bvh_hits(id: wp.uint64, lower: wp.vec3, upper: wp.vec3) -> slot_hits_t:
 # ------------------------------------------------------------------ sliver re-search
 # Longest edge / height above which a triangle counts as thin for the re-search: half the aspect
 # of a sliver (mesh_analysis.SLIVER_ASPECT), so that float32 rounding never lets one pass as
-# well-shaped.
-THIN_ASPECT = wp.constant(10.0)  # (written as its square, 100, in mesh_faces_near)
+# well-shaped. mesh_faces_near, the one place that tests it, writes its square (100).
+THIN_ASPECT = 10.0
 @wp.func_native("""
 wp::vec_t<33, int> out;
 const wp::Mesh m = wp::mesh_get(mesh);
+// Thin: longest edge / height above THIN_ASPECT (10), i.e. longest edge^2 above 10 times twice the
+// area (flat triangles included).
+auto is_thin = [](const wp::vec3& a, const wp::vec3& b, const wp::vec3& c) {
+    const float longest2 = wp::max(wp::max(wp::length_sq(b - a), wp::length_sq(c - b)), wp::length_sq(a - c));
+    return longest2 * longest2 > 100.0f * wp::length_sq(wp::cross(b - a, c - a));
+};
+bool thin_only = false;
+if (picked >= 0)
+    thin_only = !is_thin(m.points[m.indices[picked * 3 + 0]], m.points[m.indices[picked * 3 + 1]],
+                         m.points[m.indices[picked * 3 + 2]]);
 // float32 box distances against a radius grown for rounding: the caller re-tests every face
 // with its own bound, so a loose radius only lists a few more.
 const float reach_sq = radius * radius * 1.0002f + 1.0e-12f;
@@ -149,13 +159,8 @@ while (count) {
                 continue;
             if (wp::distance_to_aabb_sq(p, lo, hi) >= reach_sq)
                 continue;
-            if (thin_only) {
-                // longest edge^2 <= THIN_ASPECT (10) * twice the area: a well-shaped triangle
-                const float longest2 = wp::max(wp::max(wp::length_sq(b - a), wp::length_sq(c - b)), wp::length_sq(a - c));
-                const float area2_sq = wp::length_sq(wp::cross(b - a, c - a));
-                if (longest2 * longest2 <= 100.0f * area2_sq)
-                    continue;
-            }
+            if (thin_only && !is_thin(a, b, c))
+                continue;
             if (n >= skip && n < skip + 32)
                 out[n - skip] = tri;
             ++n;
@@ -173,10 +178,11 @@ while (count) {
 out[32] = n;
 return out;""")
 def mesh_faces_near(mesh: wp.uint64, p: wp.vec3, radius: float, lower: wp.vec3, upper: wp.vec3,
-                    thin_only: bool, skip: int) -> slot_hits_t:
+                    picked: int, skip: int) -> slot_hits_t:
     """Triangles of the mesh whose bounding boxes overlap [lower, upper] and come within about
-    ``radius`` of p (float32, a relative 2e-4 of slack), only the thin ones (longest edge / height
-    above THIN_ASPECT, flat ones included) where ``thin_only``, in a fixed traversal order, from the
+    ``radius`` of p (float32, a relative 2e-4 of slack); where triangle ``picked`` (>= 0: the one
+    Warp's search found) is well-shaped, only the thin ones (longest edge / height above
+    THIN_ASPECT, flat ones included), else all. In a fixed traversal order, from the
     ``skip``-th on: entries 0..min(n - skip, 32)-1, n in entry 32 (n > skip + 32: more follow, ask
     again with skip + 32; -1: a tree deeper than the stack). A sphere-pruned traversal: far fewer
     nodes than the box query of the same cube where the box is wide (a point deep inside)."""
