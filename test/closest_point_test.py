@@ -1,7 +1,8 @@
 """robot_sdf.kernels.closest_point against test/reference.py: the float64 closest point on a
 triangle and the feature holding it (random, sliver and zero-area triangles), the float64 distance
-and normal of a mesh face, and on meshes with slivers the re-search that finds the closest triangle
-whatever triangle the float32 search handed it (with the pseudo-normal sign of its feature)."""
+and normal of a mesh face, and on meshes with slivers the exact distance and pseudo-normal sign
+from the triangle the sliver-aware searches find (native.mesh_closest_face, mesh_closest_points
+with exact_thin), where Warp's float32 search picks a farther one."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +13,7 @@ import mesh_corpus as corpus
 import reference as ref
 from robot_sdf import mesh_analysis
 from robot_sdf.kernels import closest_point
-from robot_sdf.kernels.sign_data import sign_data_offset
+from robot_sdf.kernels.native import face_of, mesh_closest_face, mesh_closest_points
 from robot_sdf.types import SignMethod
 
 
@@ -58,7 +59,7 @@ def test_closest_on_triangle_is_the_closest_point_and_names_its_feature():
                           axis=1)
     # Triangles of zero area up to rounding (collinear corners): the truth is the closest of their
     # edges, which neither Ericson's regions nor the reference's guarded version of them find
-    # (Warp's searches skip such triangles, and in the sliver re-search a triangle only counts
+    # (Warp's searches skip such triangles, and in the sliver-aware searches a triangle only counts
     # where it is nearer): never nearer than the truth.
     edges = np.min([_segment_distance(p, e0, e1) for e0, e1 in ((a, b), (b, c), (c, a))], axis=0)
     flat = np.linalg.norm(np.cross(b - a, c - a), axis=1) <= 1e-9 * np.sum((b - a) ** 2 + (c - a) ** 2, axis=1)
@@ -144,29 +145,22 @@ def test_refine_closest_measures_the_given_face_in_float64():
 
 
 @wp.kernel
-def _feature_kernel(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), arbitrary: int, dist: wp.array(dtype=float),
+def _feature_kernel(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), dist: wp.array(dtype=float),
                     sign: wp.array(dtype=float)):
+    """The closest point of the triangle mesh_closest_face finds, signed by the pseudo-normal."""
     i = wp.tid()
     p = pts[i]
-    data = sign_data_offset(mesh)
-    face = int(i % 7)  # a triangle the search did not find, with a winding-number caller's verdict
-    inside = float(-1.0)
-    pseudo = bool(False)
-    if arbitrary == 0:  # the triangle Warp's float32 search found, signed by the pseudo-normal
-        q = wp.mesh_query_point_no_sign(mesh, p, 1.0e6)
-        face = q.face
-        inside = 1.0
-        pseudo = True
-    delta, d, inside_out, outward = closest_point.closest_feature(mesh, p, face, inside, data, pseudo)
+    face = mesh_closest_face(mesh, p, 1.0e6)
+    delta, d, inside_out, outward = closest_point.closest_feature(mesh, p, face, 1.0, True)
     dist[i] = d
     sign[i] = inside_out
 
 
 @pytest.mark.parametrize("name", ["sliver_box", "arm_link_fine"])
-def test_slivers_are_re_searched_to_the_closest_triangle(name):
-    """With the sign data's sliver flag, the exact distance (1e-6 m) of points inside or within
-    SLIVER_REACH of the surface from the triangle Warp's float32 search found, signed by the
-    pseudo-normal of the closest feature; and of inside points from any triangle at all."""
+def test_slivers_keep_the_exact_distance_and_sign(name):
+    """On sliver-heavy meshes, the exact distance (1e-6 m) of points inside or within 2 cm of the
+    surface from the triangle mesh_closest_face finds (thin triangles in float64), signed by the
+    pseudo-normal of the closest feature beyond 1e-5 m."""
     case = next(c for c in corpus.CORPUS if c.name == name)
     v, t = case.build()
     v = np.asarray(v, np.float32)
@@ -184,19 +178,16 @@ def test_slivers_are_re_searched_to_the_closest_triangle(name):
     near = (on_surface * w).sum(1) + rng.normal(scale=0.006, size=(1200, 3))
     pts = np.concatenate([near, corpus.sample_points(v, 300)]).astype(np.float32)
     sd, _, _ = ref.signed_distance(pts, v, t)
-    wanted = (sd < 0.0) | (np.abs(sd) < float(closest_point.SLIVER_REACH))
+    wanted = (sd < 0.0) | (np.abs(sd) < 0.02)
     pts, sd = pts[wanted], sd[wanted]
     assert len(pts) > 1000 and (sd < 0).sum() > 200
-    for arbitrary in (0, 1):
-        dist, sign = (wp.zeros(len(pts), dtype=float, device="cpu") for _ in range(2))
-        wp.launch(_feature_kernel, len(pts), [mesh.id, wp.array(pts, dtype=wp.vec3, device="cpu"), arbitrary,
-                                              dist, sign], device="cpu")
-        dist, sign = dist.numpy(), sign.numpy()
-        chosen = sd < 0 if arbitrary else np.ones(len(sd), bool)
-        np.testing.assert_allclose(dist[chosen], np.abs(sd[chosen]), atol=1e-6)
-        if not arbitrary:
-            clear = np.abs(sd) > 1e-5
-            np.testing.assert_array_equal(sign[clear], np.where(sd[clear] < 0, -1.0, 1.0))
+    dist, sign = (wp.zeros(len(pts), dtype=float, device="cpu") for _ in range(2))
+    wp.launch(_feature_kernel, len(pts), [mesh.id, wp.array(pts, dtype=wp.vec3, device="cpu"), dist, sign],
+              device="cpu")
+    dist, sign = dist.numpy(), sign.numpy()
+    np.testing.assert_allclose(dist, np.abs(sd), atol=1e-6)
+    clear = np.abs(sd) > 1e-5
+    np.testing.assert_array_equal(sign[clear], np.where(sd[clear] < 0, -1.0, 1.0))
 
 
 @wp.kernel
@@ -206,6 +197,12 @@ def _query_distance_kernel(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), dist: 
     dist[i] = wp.length(pts[i] - wp.mesh_eval_position(mesh, q.face, q.u, q.v))
 
 
+@wp.kernel
+def _closest_face_kernel(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), face: wp.array(dtype=wp.int32)):
+    i = wp.tid()
+    face[i] = mesh_closest_face(mesh, pts[i], 1.0e6)
+
+
 def _mesh(v, t, rows=None):
     velocities = None if rows is None else wp.array(rows, dtype=wp.vec3, device="cpu")
     return wp.Mesh(points=wp.array(np.asarray(v, np.float32), dtype=wp.vec3, device="cpu"),
@@ -213,11 +210,23 @@ def _mesh(v, t, rows=None):
                    velocities=velocities)
 
 
-def test_a_well_shaped_pick_is_re_searched_for_the_nearer_sliver():
+@wp.kernel
+def _batch_face_kernel(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), exact_thin: bool,
+                       face: wp.array(dtype=wp.int32)):
+    """The centre's triangle from the swept samples' shared traversal (no samples)."""
+    i = wp.tid()
+    d = wp.vec3(1.0, 0.0, 0.0)
+    batch = mesh_closest_points(mesh, pts[i], 1.0e6, d, 0.0, 0, d, 0.0, 0, 0.1, 1.0e6, -1.0, False, False,
+                                exact_thin)
+    face[i] = face_of(batch[0])
+
+
+def test_the_searches_find_a_sliver_that_warp_measures_too_far():
     """Warp's float32 distance of a 2000:1 sliver is too long at some points (by up to 1e-2 m);
     with a well-shaped triangle placed just nearer than that wrong distance, Warp picks the
-    well-shaped one, and the re-search must still find the sliver (its exact distance, 1e-6 m):
-    the thin triangles it lists after a well-shaped pick are the ones that can be nearer."""
+    well-shaped one. The sliver-aware searches must find the sliver (mesh_closest_face, and the
+    swept samples' shared traversal with exact_thin; without it that traversal measures as Warp
+    does), and its exact distance follows (1e-6 m)."""
     sliver = np.array([[-0.3, 0.0, 0.0], [0.3, 0.0, 0.0], [0.1, 3.0e-4, 0.0]], np.float32) + np.float32([0.05, 0.02, 0.01])
     rng = np.random.default_rng(5)
     pts = (sliver[0] + rng.uniform(0.0, 1.0, (40000, 1)) * (sliver[1] - sliver[0])
@@ -252,5 +261,11 @@ def test_a_well_shaped_pick_is_re_searched_for_the_nearer_sliver():
         wp.launch(_query_distance_kernel, 1, [mesh.id, point, picked], device="cpu")
         assert picked.numpy()[0] > true[i] + 1.0e-4  # Warp picked the well-shaped triangle
         dist, sign = (wp.zeros(1, dtype=float, device="cpu") for _ in range(2))
-        wp.launch(_feature_kernel, 1, [mesh.id, point, 0, dist, sign], device="cpu")
+        wp.launch(_feature_kernel, 1, [mesh.id, point, dist, sign], device="cpu")
         assert abs(float(dist.numpy()[0]) - true[i]) < 1.0e-6
+        face = wp.zeros(1, dtype=wp.int32, device="cpu")
+        wp.launch(_closest_face_kernel, 1, [mesh.id, point, face], device="cpu")
+        assert face.numpy()[0] == 0  # the sliver
+        for exact_thin, want in ((True, 0), (False, 1)):
+            wp.launch(_batch_face_kernel, 1, [mesh.id, point, exact_thin, face], device="cpu")
+            assert face.numpy()[0] == want

@@ -12,6 +12,7 @@ import mesh_corpus as corpus
 import reference as ref
 from robot_sdf import MeshWorld, face_winding, mesh_analysis, mesh_topology
 from robot_sdf.kernels.closest_point import closest_feature_face
+from robot_sdf.kernels.native import mesh_closest_face
 from robot_sdf.kernels.sign_data import face_rows_start, sign_data_offset
 from robot_sdf.kernels.signed_distance import ray_winding_inside
 from robot_sdf.kernels.winding import settled_winding_inside
@@ -76,8 +77,7 @@ def _verdict_kernel(mesh: wp.uint64, points: wp.array(dtype=wp.vec3), by_face: w
     i = wp.tid()
     p = points[i]
     data = sign_data_offset(mesh)
-    q = wp.mesh_query_point_no_sign(mesh, p, 1.0e6)
-    delta, dist, side, outward, face = closest_feature_face(mesh, p, q.face, 1.0, data, True)
+    delta, dist, side, outward, face = closest_feature_face(mesh, p, mesh_closest_face(mesh, p, 1.0e6), 1.0, True)
     by_face[i] = settled_winding_inside(mesh, face, side < 0.0)
     by_ray[i] = ray_winding_inside(mesh, data, p)
 

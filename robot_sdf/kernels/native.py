@@ -114,38 +114,84 @@ def slot_bvh_hits(id: wp.uint64, lower: wp.vec3, upper: wp.vec3) -> slot_hits_t:
     ...
 
 
-# ------------------------------------------------------------------ sliver re-search
-# Longest edge / height above which a triangle counts as thin for the re-search: half the aspect
-# of a sliver (mesh_analysis.SLIVER_ASPECT), so that float32 rounding never lets one pass as
-# well-shaped. mesh_faces_near, the one place that tests it, writes its square (100).
+# ------------------------------------------------------------------ thin triangles in float64
+# Longest edge / height above which a triangle counts as thin: the searches below measure its
+# distance in float64 (Warp's float32 distance of a 2000:1 sliver can be off by 1e-2 m, enough for
+# a search to pick a farther triangle). Half the aspect of a sliver (mesh_analysis.SLIVER_ASPECT),
+# so that float32 rounding never lets one pass as well-shaped; THIN_TRIANGLE_CPP writes its square.
 THIN_ASPECT = 10.0
-@wp.func_native("""
-wp::vec_t<33, int> out;
-const wp::Mesh m = wp::mesh_get(mesh);
-// Thin: longest edge / height above THIN_ASPECT (10), i.e. longest edge^2 above 10 times twice the
-// area (flat triangles included).
+# C++ shared by the searches that measure thin triangles exactly (pasted at the top of their
+# snippets): is_thin(a, b, c), and thin_delta(a, b, c, pt) = pt - its closest point on the
+# triangle, in float64 relative to a (Ericson's region test, as closest_point.closest_on_triangle,
+# which also names the feature; the same guards for coincident corners and zero area).
+THIN_TRIANGLE_CPP = """
 auto is_thin = [](const wp::vec3& a, const wp::vec3& b, const wp::vec3& c) {
     const float longest2 = wp::max(wp::max(wp::length_sq(b - a), wp::length_sq(c - b)), wp::length_sq(a - c));
     return longest2 * longest2 > 100.0f * wp::length_sq(wp::cross(b - a, c - a));
 };
-bool thin_only = false;
-if (picked >= 0)
-    thin_only = !is_thin(m.points[m.indices[picked * 3 + 0]], m.points[m.indices[picked * 3 + 1]],
-                         m.points[m.indices[picked * 3 + 2]]);
-// float32 box distances against a radius grown for rounding: the caller re-tests every face
-// with its own bound, so a loose radius only lists a few more.
-const float reach_sq = radius * radius * 1.0002f + 1.0e-12f;
+auto segment_delta = [](const wp::vec3d& pt, const wp::vec3d& a, const wp::vec3d& b) {
+    const wp::vec3d ab = b - a;
+    const double len2 = wp::dot(ab, ab);
+    const double t = len2 > 0.0 ? wp::clamp(wp::dot(pt - a, ab) / len2, 0.0, 1.0) : 0.0;
+    return pt - (a + ab * t);
+};
+auto thin_delta = [&](const wp::vec3& a32, const wp::vec3& b32, const wp::vec3& c32, const wp::vec3& pt) {
+    const wp::vec3d a(a32);
+    const wp::vec3d b = wp::vec3d(b32) - a;
+    const wp::vec3d c = wp::vec3d(c32) - a;
+    const wp::vec3d q = wp::vec3d(pt) - a;
+    const double d1 = wp::dot(b, q);
+    const double d2 = wp::dot(c, q);
+    if (d1 <= 0.0 && d2 <= 0.0)
+        return q;
+    const wp::vec3d bq = q - b;
+    const double d3 = wp::dot(b, bq);
+    const double d4 = wp::dot(c, bq);
+    if (d3 >= 0.0 && d4 <= d3)
+        return bq;
+    const double vc = d1 * d4 - d3 * d2;
+    if (vc <= 0.0 && d1 >= 0.0 && d3 <= 0.0 && d1 - d3 > 0.0)
+        return q - b * (d1 / (d1 - d3));
+    const wp::vec3d cq = q - c;
+    const double d5 = wp::dot(b, cq);
+    const double d6 = wp::dot(c, cq);
+    if (d6 >= 0.0 && d5 <= d6)
+        return cq;
+    const double vb = d5 * d2 - d1 * d6;
+    if (vb <= 0.0 && d2 >= 0.0 && d6 <= 0.0 && d2 - d6 > 0.0)
+        return q - c * (d2 / (d2 - d6));
+    const double va = d3 * d6 - d5 * d4;
+    if (va <= 0.0 && d4 - d3 >= 0.0 && d5 - d6 >= 0.0 && (d4 - d3) + (d5 - d6) > 0.0)
+        return q - (b + (c - b) * ((d4 - d3) / ((d4 - d3) + (d5 - d6))));
+    const double denom = va + vb + vc;
+    if (denom <= 0.0) {
+        const wp::vec3d zero(0.0);
+        wp::vec3d delta = segment_delta(q, zero, b);
+        const wp::vec3d other = segment_delta(q, b, c);
+        if (wp::length_sq(other) < wp::length_sq(delta))
+            delta = other;
+        const wp::vec3d last = segment_delta(q, c, zero);
+        return wp::length_sq(last) < wp::length_sq(delta) ? last : delta;
+    }
+    return q - (b * (vb / denom) + c * (vc / denom));
+};
+"""
+
+
+@wp.func_native(THIN_TRIANGLE_CPP + """
+const wp::Mesh m = wp::mesh_get(mesh);
+// Nearest child first, as Warp's mesh_query_point_no_sign; every triangle counts (Warp skips
+// near-zero-area ones: they are thin here and measured exactly).
+float best_sq = max_dist * max_dist;
+int best = -1;
 int stack[BVH_QUERY_STACK_SIZE];
 stack[0] = *m.bvh.root;
 int count = 1;
-int n = 0;
 while (count) {
     const int node = stack[--count];
     const wp::BVHPackedNodeHalf nl = m.bvh.node_lowers[node];
     const wp::BVHPackedNodeHalf nu = m.bvh.node_uppers[node];
-    if (nl.x > upper[0] || nl.y > upper[1] || nl.z > upper[2] || nu.x < lower[0] || nu.y < lower[1] || nu.z < lower[2])
-        continue;
-    if (wp::distance_to_aabb_sq(p, wp::vec3(nl.x, nl.y, nl.z), wp::vec3(nu.x, nu.y, nu.z)) >= reach_sq)
+    if (wp::distance_to_aabb_sq(p, wp::vec3(nl.x, nl.y, nl.z), wp::vec3(nu.x, nu.y, nu.z)) >= best_sq)
         continue;
     if (nl.b) {
         for (int prim = (int)nl.i; prim < (int)nu.i; ++prim) {
@@ -153,39 +199,46 @@ while (count) {
             const wp::vec3 a = m.points[m.indices[tri * 3 + 0]];
             const wp::vec3 b = m.points[m.indices[tri * 3 + 1]];
             const wp::vec3 c = m.points[m.indices[tri * 3 + 2]];
-            const wp::vec3 lo = wp::min(wp::min(a, b), c);
-            const wp::vec3 hi = wp::max(wp::max(a, b), c);
-            if (lo[0] > upper[0] || lo[1] > upper[1] || lo[2] > upper[2] || hi[0] < lower[0] || hi[1] < lower[1] || hi[2] < lower[2])
-                continue;
-            if (wp::distance_to_aabb_sq(p, lo, hi) >= reach_sq)
-                continue;
-            if (thin_only && !is_thin(a, b, c))
-                continue;
-            if (n >= skip && n < skip + 32)
-                out[n - skip] = tri;
-            ++n;
+            float dist_sq;
+            if (is_thin(a, b, c)) {
+                dist_sq = (float)wp::length_sq(thin_delta(a, b, c, p));
+            } else {
+                const wp::vec2 bary = wp::closest_point_to_triangle(a, b, c, p);
+                dist_sq = wp::length_sq(bary[0] * a + bary[1] * b + (1.0f - bary[0] - bary[1]) * c - p);
+            }
+            if (dist_sq < best_sq) {
+                best_sq = dist_sq;
+                best = tri;
+            }
         }
-        if (n > skip + 32)
-            break;  // more than fit: the caller asks again from skip + 32
     } else if (count + 2 > BVH_QUERY_STACK_SIZE) {
-        n = -1;
-        break;
+        break;  // deeper than Warp's own queries go: what was found so far
     } else {
-        stack[count++] = (int)nl.i;
-        stack[count++] = (int)nu.i;
+        const int left = (int)nl.i;
+        const int right = (int)nu.i;
+        const wp::BVHPackedNodeHalf ll = m.bvh.node_lowers[left];
+        const wp::BVHPackedNodeHalf lu = m.bvh.node_uppers[left];
+        const wp::BVHPackedNodeHalf rl = m.bvh.node_lowers[right];
+        const wp::BVHPackedNodeHalf ru = m.bvh.node_uppers[right];
+        const float left_sq = wp::distance_to_aabb_sq(p, wp::vec3(ll.x, ll.y, ll.z), wp::vec3(lu.x, lu.y, lu.z));
+        const float right_sq = wp::distance_to_aabb_sq(p, wp::vec3(rl.x, rl.y, rl.z), wp::vec3(ru.x, ru.y, ru.z));
+        const bool left_first = left_sq < right_sq;
+        const float far_sq = left_first ? right_sq : left_sq;
+        const float near_sq = left_first ? left_sq : right_sq;
+        if (far_sq < best_sq)
+            stack[count++] = left_first ? right : left;
+        if (near_sq < best_sq)
+            stack[count++] = left_first ? left : right;
     }
 }
-out[32] = n;
-return out;""")
-def mesh_faces_near(mesh: wp.uint64, p: wp.vec3, radius: float, lower: wp.vec3, upper: wp.vec3,
-                    picked: int, skip: int) -> slot_hits_t:
-    """Triangles of the mesh whose bounding boxes overlap [lower, upper] and come within about
-    ``radius`` of p (float32, a relative 2e-4 of slack); where triangle ``picked`` (>= 0: the one
-    Warp's search found) is well-shaped, only the thin ones (longest edge / height above
-    THIN_ASPECT, flat ones included), else all. In a fixed traversal order, from the
-    ``skip``-th on: entries 0..min(n - skip, 32)-1, n in entry 32 (n > skip + 32: more follow, ask
-    again with skip + 32; -1: a tree deeper than the stack). A sphere-pruned traversal: far fewer
-    nodes than the box query of the same cube where the box is wide (a point deep inside)."""
+return best;""")
+def mesh_closest_face(mesh: wp.uint64, p: wp.vec3, max_dist: float) -> int:
+    """The triangle closest to mesh-frame p among those nearer than ``max_dist`` (m), -1 if none:
+    Warp's float32 closest-triangle search, except that a thin triangle (longest edge / height
+    above THIN_ASPECT, zero-area ones included) is measured in float64 relative to its first
+    corner. Warp's float32 distance of a 2000:1 sliver can be off by 1e-2 m, so that its own search
+    picks a farther triangle; here only well-shaped triangles carry float32 rounding (about 1e-7
+    of the distance), so the triangle returned is the closest up to that rounding."""
     ...
 
 
@@ -197,7 +250,7 @@ SWEPT_SIDE_BATCH = wp.constant(7)
 vec16 = wp.types.vector(length=16, dtype=wp.float32)
 
 
-@wp.func_native("""
+@wp.func_native(THIN_TRIANGLE_CPP + """
 const wp::Mesh m = wp::mesh_get(mesh);
 const int n1c = n1 < 15 ? (n1 > 0 ? n1 : 0) : 15;
 const int n2c = n2 < 15 - n1c ? (n2 > 0 ? n2 : 0) : 15 - n1c;
@@ -396,14 +449,22 @@ while (count) {
             const wp::vec3 e0 = q - p;
             const wp::vec3 e1 = r - p;
             const wp::vec3 e2 = r - q;
-            // Warp's own closest-point queries skip these slivers: the same candidates here.
-            if (wp::length(wp::cross(e0, e1)) / (wp::dot(e0, e0) + wp::dot(e1, e1) + wp::dot(e2, e2)) < 1.e-6f)
+            // With exact_thin a thin triangle is measured in float64 (near-zero-area ones too);
+            // otherwise Warp's own closest-point queries skip these slivers: the same candidates.
+            const bool thin = exact_thin && is_thin(p, q, r);
+            if (!thin && wp::length(wp::cross(e0, e1)) / (wp::dot(e0, e0) + wp::dot(e1, e1) + wp::dot(e2, e2)) < 1.e-6f)
                 continue;
             // The distance to a triangle (a convex set) is convex along each segment a + d s, so
             // it lies above its tangent at a: dist(s) >= dist(a) + s (a - c) / |a - c| . d.
             // Measured at a once, that rules the triangle out for nearly every other point.
-            const wp::vec2 bary_a = wp::closest_point_to_triangle(p, q, r, a);
-            const wp::vec3 from_c = a - (bary_a[0] * p + bary_a[1] * q + (1.0f - bary_a[0] - bary_a[1]) * r);
+            wp::vec2 bary_a(0.0f);
+            wp::vec3 from_c;
+            if (thin) {
+                from_c = wp::vec3(thin_delta(p, q, r, a));
+            } else {
+                bary_a = wp::closest_point_to_triangle(p, q, r, a);
+                from_c = a - (bary_a[0] * p + bary_a[1] * q + (1.0f - bary_a[0] - bary_a[1]) * r);
+            }
             const float a_sq = wp::length_sq(from_c);
             const float a_dist = wp::sqrt(a_sq);
             if ((in_reach & 1u) && a_sq < best[0]) {
@@ -446,9 +507,14 @@ while (count) {
 #endif
                 test &= test - 1u;
                 const wp::vec3 pt(px[j], py[j], pz[j]);
-                const wp::vec2 bary = wp::closest_point_to_triangle(p, q, r, pt);
-                const wp::vec3 c = bary[0] * p + bary[1] * q + (1.0f - bary[0] - bary[1]) * r;
-                const float dist_sq = wp::length_sq(c - pt);
+                wp::vec2 bary(0.0f);
+                float dist_sq;
+                if (thin) {
+                    dist_sq = (float)wp::length_sq(thin_delta(p, q, r, pt));
+                } else {
+                    bary = wp::closest_point_to_triangle(p, q, r, pt);
+                    dist_sq = wp::length_sq(bary[0] * p + bary[1] * q + (1.0f - bary[0] - bary[1]) * r - pt);
+                }
                 if (dist_sq < best[j]) {
                     if (warp_sign)
                         take_warp_candidate(j, tri, wp::sqrt(dist_sq), bary);
@@ -537,7 +603,7 @@ for (int j = 0; j < 16; ++j) {
 return out;""")
 def mesh_closest_points(mesh: wp.uint64, a: wp.vec3, bound_a: float, d1: wp.vec3, s1: float, n1: int, d2: wp.vec3,
                         s2: float, n2: int, ds: float, reach: float, base: float, base_inside: bool,
-                        warp_sign: bool) -> vec16:
+                        warp_sign: bool, exact_thin: bool) -> vec16:
     """Closest triangles of up to 16 points in one traversal of the mesh's BVH: entry 0 for a
     within ``bound_a`` (not searched when bound_a <= 0), entries 1..n1 for a + d1 (s1 + i ds),
     the next n2 for a + d2 (s2 + i ds), i = 0, 1, ... (n1 + n2 <= SWEPT_BATCH). Each of those is
@@ -550,7 +616,8 @@ def mesh_closest_points(mesh: wp.uint64, a: wp.vec3, bound_a: float, d1: wp.vec3
     tests against a box or a triangle's tangent bound run over 16 fixed lanes without branches
     (the CPU compiler vectorises them); only the points that pass get a closest-point test.
     Entries hold the triangle's index as float bits (face_of reads them), -1 for none. Candidates are those of Warp's mesh_query_point_no_sign (slivers
-    skipped alike).
+    skipped alike), measured as it measures them; with ``exact_thin`` (not with warp_sign) every
+    triangle counts and thin ones are measured in float64, as mesh_closest_face does.
 
     With ``warp_sign`` each point found is signed as Warp's mesh_query_point_sign_normal signs
     it (warp_inside reads it): by the angle-weighted normals of the faces within its tie

@@ -23,8 +23,8 @@ with B = V + 4T + 3K the row of the mesh's box (``data`` in the accessors, from 
     B + ROW_BOX_UPPER   upper corner
     B + ROW_MARKER      (SIGN_DATA_MAGIC, winding-number support 0/1, the mesh's own SignMethod)
     B + ROW_BOUNDS      (winding radius, 1 if the box bounds every inside point (a closed
-                        surface), 1 if the mesh has slivers: closest points are re-searched in
-                        float64)
+                        surface), 1 if the mesh has slivers: closest points are searched with
+                        thin triangles in float64)
     B + ROW_AREA        (total area A, 1 if the classification (auto, or normal asked for) found
                         the mesh the boundary of a solid: closed, consistently oriented shells
                         without self-intersections, one or several (not set on a refit), K)
@@ -152,7 +152,11 @@ def is_closed(mesh: wp.uint64, data: int) -> bool:
 @wp.func
 def has_slivers(mesh: wp.uint64, data: int) -> bool:
     """Whether the mesh has slivers: Warp's float32 search may pick a triangle up to ~1e-4 m
-    farther than the closest one, so closest points are re-searched in float64."""
+    farther than the closest one, so closest points are searched with thin triangles measured in
+    float64 (native.mesh_closest_face, mesh_closest_points' exact_thin). False without sign data
+    (``data`` < 0)."""
+    if data < 0:
+        return False
     return wp.mesh_get(mesh).velocities[data + ROW_BOUNDS][2] != 0.0
 
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import warp as wp
 
-from robot_sdf.kernels.closest_point import (SLIVER_PICK_ERROR, UNBOUNDED, closest_feature, closest_feature_face,
-                                             signed_result)
-from robot_sdf.kernels.native import mesh_average_edge_length, mesh_box_distance_sq
+from robot_sdf.kernels.closest_point import UNBOUNDED, closest_feature, closest_feature_face, signed_result
+from robot_sdf.kernels.native import mesh_average_edge_length, mesh_box_distance_sq, mesh_closest_face
 from robot_sdf.kernels.sign_data import (SIGN_AUTO, SIGN_DEFAULT, SIGN_NORMAL, SIGN_WINDING_NUMBER, box_lower,
                                          box_upper, has_slivers, is_closed, is_solid, recorded_method,
                                          sign_data_offset, supports_winding, winding_radius)
@@ -160,17 +159,30 @@ def deep_winding_inside(mesh: wp.uint64, data: int, p: wp.vec3) -> bool:
 
 
 @wp.func
-def winding_feature(mesh: wp.uint64, p: wp.vec3, face: int, data: int):
-    """closest_feature of a point of a winding-regime mesh (robot_sdf's sign data at ``data``) from
-    the triangle a search found, signed by the winding number: from the face row of the closest
-    point's triangle where it settles it (robot_sdf.face_winding), else Warp's winding number.
-    Every found point of a mesh with slivers is re-searched (the pseudo-normal side is not yet
-    the sign)."""
-    delta, dist, side, outward, closest = closest_feature_face(mesh, p, face, 1.0, data, True, UNBOUNDED)
+def winding_feature(mesh: wp.uint64, p: wp.vec3, face: int):
+    """closest_feature of a point of a winding-regime mesh (with robot_sdf's sign data) from its
+    closest triangle, signed by the winding number: from the face row of that triangle where it
+    settles it (robot_sdf.face_winding), else Warp's winding number."""
+    delta, dist, side, outward, closest = closest_feature_face(mesh, p, face, 1.0, True)
     verdict = settled_winding_inside(mesh, closest, side < 0.0)
     if verdict < 0:
         verdict = wp.where(winding_inside(mesh, p), 1, 0)
     return delta, dist, wp.where(verdict == 1, -1.0, 1.0), outward
+
+
+@wp.func
+def closest_face_within(mesh: wp.uint64, p: wp.vec3, bound: float, exact: bool):
+    """(hit, face) of the closest triangle of mesh-frame p nearer than ``bound``: Warp's float32
+    search, or with ``exact`` (a mesh with slivers) native.mesh_closest_face, which measures thin
+    triangles in float64."""
+    face = int(0)
+    if exact:
+        face = mesh_closest_face(mesh, p, bound)
+        return face >= 0, face
+    u = float(0.0)
+    v = float(0.0)
+    hit = wp.mesh_query_point_no_sign(mesh, p, bound, face, u, v)
+    return hit, face
 
 
 @wp.func
@@ -185,11 +197,13 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     without a bound (the fast winding number directly for winding_number).
 
     The distance and its direction are re-evaluated in float64 on the triangle found, relative
-    to its first corner. With robot_sdf's sign data, ``normal`` is the angle-weighted pseudo-normal
-    of the closest feature (Baerentzen & Aanaes), exact wherever faces tie.
+    to its first corner; on a mesh whose sign data flags slivers the search measures thin
+    triangles in float64 (native.mesh_closest_face), so that the triangle found is the closest.
+    With robot_sdf's sign data, ``normal`` is the angle-weighted pseudo-normal of the closest
+    feature (Baerentzen & Aanaes), exact wherever faces tie.
 
     ``need`` (<= bound: the caller needs no outside result with sd >= need; >= bound: every
-    result) lets a mesh with robot_sdf's sign data and no slivers whose inside test does not come
+    result) lets a mesh with robot_sdf's sign data whose inside test does not come
     from the closest feature (winding_number), or comes from it exactly (normal on a mesh that
     MeshWorld classified as the boundary of a solid: closed, consistently oriented shells without
     self-intersections), be searched within need first: where nothing is that near, a point is found only if it is
@@ -212,13 +226,13 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     winding = method == SIGN_WINDING_NUMBER and data >= 0
 
     # Search within need first (see above): a closed shell's pseudo-normal sign is exact, the
-    # winding number does not depend on the search, and the float64 distance of what the float32
-    # search found stays within the margin of it, widened on a mesh with slivers by how much
-    # farther than the closest triangle that search may pick one (SLIVER_PICK_ERROR).
+    # winding number does not depend on the search, and the float64 distance of what the search
+    # found stays within the margin of it (on a mesh with slivers the search measures thin
+    # triangles in float64: closest_face_within).
     first = bound
     if data >= 0 and (winding or (pseudo and is_solid(mesh, data))):
-        first = wp.min(bound, need * REACH_MARGIN + REACH_SLACK
-                       + wp.where(has_slivers(mesh, data), SLIVER_PICK_ERROR, 0.0))
+        first = wp.min(bound, need * REACH_MARGIN + REACH_SLACK)
+    slivers = has_slivers(mesh, data)
 
     inside = float(1.0)
     face = int(0)
@@ -229,7 +243,7 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     # evaluated at one call site below for hits and deep centres alike (each inlined copy of
     # Warp's traversal costs instruction cache in this one large CPU kernel).
     if pseudo or winding:
-        hit = wp.mesh_query_point_no_sign(mesh, p, first, face, u, v)
+        hit, face = closest_face_within(mesh, p, first, slivers)
     else:
         hit, inside, face, u, v = query_closest(mesh, p, first, method)
     deep = bool(False)
@@ -266,19 +280,26 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
                 # it, however near the ray's hit (no surface within bound changes it).
                 search = wp.max(search, bound)
         if pseudo or winding:
-            hit = wp.mesh_query_point_no_sign(mesh, p, search, face, u, v)
+            hit, face = closest_face_within(mesh, p, search, slivers)
         else:
             hit, inside, face, u, v = query_closest(mesh, p, search, method)
         if not hit:
             return found, sd, grad
 
+    if slivers and not (pseudo or winding):
+        # Warp's signed query gave the sign; its float32 pick may be farther than the closest
+        # triangle by more than rounding where the mesh has slivers: the distance comes from the
+        # closest one.
+        closest = mesh_closest_face(mesh, p, UNBOUNDED)
+        if closest >= 0:
+            face = closest
     delta = wp.vec3(0.0, 0.0, 0.0)
     dist = float(0.0)
     outward = wp.vec3(0.0, 0.0, 0.0)
     if winding and not deep:
-        delta, dist, inside, outward = winding_feature(mesh, p, face, data)
+        delta, dist, inside, outward = winding_feature(mesh, p, face)
     else:
-        delta, dist, inside, outward = closest_feature(mesh, p, face, inside, data, pseudo, need)
+        delta, dist, inside, outward = closest_feature(mesh, p, face, inside, pseudo)
     if deep and inside >= 0.0:
         return found, sd, grad
     found = 1

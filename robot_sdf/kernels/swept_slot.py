@@ -24,7 +24,7 @@ import warp as wp
 from robot_sdf.kernels.closest_point import UNBOUNDED, closest_feature, signed_result
 from robot_sdf.kernels.native import (SWEPT_BATCH, SWEPT_SIDE_BATCH, face_of, mesh_closest_points, vec16,
                                       warp_inside)
-from robot_sdf.kernels.sign_data import SIGN_NORMAL, SIGN_WINDING_NUMBER, box_lower, box_upper
+from robot_sdf.kernels.sign_data import SIGN_NORMAL, SIGN_WINDING_NUMBER, box_lower, box_upper, has_slivers
 from robot_sdf.kernels.signed_distance import (REACH_MARGIN, REACH_SLACK, closed_inside_bound, deep_winding_inside,
                                                mesh_sign_method, mesh_signed_distance, out_of_reach, sign_is_closed,
                                                warp_tie_margin, winding_feature)
@@ -72,12 +72,12 @@ def side_bit(k: int) -> int:
 
 
 @wp.func
-def batched_feature(mesh: wp.uint64, q: wp.vec3, face: int, data: int, winding: bool):
+def batched_feature(mesh: wp.uint64, q: wp.vec3, face: int, winding: bool):
     """closest_feature of a point whose closest triangle a shared traversal found, signed by the
     pseudo-normal, or on a winding-number mesh by its winding number at q (winding_feature)."""
     if winding:
-        return winding_feature(mesh, q, face, data)
-    return closest_feature(mesh, q, face, 1.0, data, True)
+        return winding_feature(mesh, q, face)
+    return closest_feature(mesh, q, face, 1.0, True)
 
 
 @wp.struct
@@ -176,10 +176,11 @@ def swept_centre(mesh: wp.uint64, cull_radius: float, sign_method: int, p: wp.ve
         n_first = wp.min(sweep_steps, SWEPT_SIDE_BATCH)
         batches.n_first = n_first
         batches.first = mesh_closest_points(mesh, p, bound_p, seg_prev, inv_2k, has_prev * n_first, seg_next, inv_2k,
-                                            has_next * n_first, inv_2k, reach_b, -1.0, False, False)
+                                            has_next * n_first, inv_2k, reach_b, -1.0, False, False,
+                                            has_slivers(mesh, data))
         face = face_of(batches.first[0])
         if face >= 0:
-            d_vec, dist, inside, outward = batched_feature(mesh, p, face, data, winding)
+            d_vec, dist, inside, outward = batched_feature(mesh, p, face, winding)
             sd, grad_sd = signed_result(d_vec, dist, inside, outward)
             found = 1
         else:
@@ -199,11 +200,12 @@ def swept_centre(mesh: wp.uint64, cull_radius: float, sign_method: int, p: wp.ve
                     search = closed_inside_bound(mesh, p)
             if search > 0.0:
                 batches.deep = mesh_closest_points(mesh, p, search, seg_prev, inv_2k, has_prev * n_first, seg_next,
-                                                   inv_2k, has_next * n_first, inv_2k, reach_b, search, True, False)
+                                                   inv_2k, has_next * n_first, inv_2k, reach_b, search, True, False,
+                                                   has_slivers(mesh, data))
                 face = face_of(batches.deep[0])
                 if face >= 0:
                     # inside: the winding number said so (pseudo False keeps it), or the pseudo-normal says
-                    d_vec, dist, inside, outward = closest_feature(mesh, p, face, wp.where(winding, -1.0, 1.0), data,
+                    d_vec, dist, inside, outward = closest_feature(mesh, p, face, wp.where(winding, -1.0, 1.0),
                                                                    not winding)
                     if inside < 0.0:
                         sd, grad_sd = signed_result(d_vec, dist, inside, outward)
@@ -268,7 +270,7 @@ def batched_sample(mesh: wp.uint64, p: wp.vec3, q: wp.vec3, seg_prev: wp.vec3, s
         batches.deep = mesh_closest_points(mesh, p, 0.0, seg_prev, float(batches.deep_lo0) * inv_2k,
                                            batches.deep_hi0 - batches.deep_lo0, seg_next,
                                            float(batches.deep_lo1) * inv_2k, batches.deep_hi1 - batches.deep_lo1,
-                                           inv_2k, reach_b, chain_abs, True, False)
+                                           inv_2k, reach_b, chain_abs, True, False, has_slivers(mesh, data))
         face = face_of(batches.deep[1])
         in_deep = True
     if face < 0 and not covered and not in_deep and (k > n_first or (chain_inside and chain.last_inside)):
@@ -279,14 +281,14 @@ def batched_sample(mesh: wp.uint64, p: wp.vec3, q: wp.vec3, seg_prev: wp.vec3, s
         batches.side_end = wp.min(sweep_steps + 1, k + SWEPT_BATCH)
         batches.side = mesh_closest_points(mesh, p, 0.0, segment, sk, batches.side_end - k, segment, 0.0, 0,
                                            inv_2k, reach_b, wp.where(found != 0, chain_abs, -1.0), chain_inside,
-                                           False)
+                                           False, has_slivers(mesh, data))
         face = face_of(batches.side[1])
     found_k = int(0)
     sd_k = float(0.0)
     grad_k = wp.vec3(0.0, 0.0, 0.0)
     full = bool(True)
     if face >= 0:
-        d_vec, dist, inside, outward = batched_feature(mesh, q, face, data, winding)
+        d_vec, dist, inside, outward = batched_feature(mesh, q, face, winding)
         sd_k, grad_k = signed_result(d_vec, dist, inside, outward)
         found_k = 1
         full = False
@@ -511,7 +513,7 @@ def open_centre_windings(mesh: wp.uint64, data: int, p: wp.vec3, seg_prev: wp.ve
     # No surface within apart of p: a sample nearer p reaches it without crossing.
     rim.apart = reach_b
     if p_face >= 0:
-        p_delta, p_dist, unused_inside, p_outward = closest_feature(mesh, p, p_face, 1.0, data, False)
+        p_delta, p_dist, unused_inside, p_outward = closest_feature(mesh, p, p_face, 1.0, False)
         rim.delta = p_delta
         rim.dist = p_dist
         rim.outward = p_outward
@@ -551,7 +553,7 @@ def open_traversal(mesh: wp.uint64, p: wp.vec3, first: bool, k: int, sk: float, 
     fresh = mesh_closest_points(mesh, p, wp.where(first, reach, 0.0), wp.where(first, seg_prev, segment),
                                 wp.where(first, inv_2k, sk), wp.where(first, has_prev * n_first, n_more),
                                 seg_next, inv_2k, wp.where(first, has_next * n_first, 0), inv_2k, reach,
-                                wp.where(first, -1.0, p_abs), False, data < 0)
+                                wp.where(first, -1.0, p_abs), False, data < 0, has_slivers(mesh, data))
     return fresh, n_more
 
 
@@ -606,7 +608,7 @@ def open_point(mesh: wp.uint64, cull_radius: float, sign_method: int, q: wp.vec3
         if i == 0 and winding:
             sd, grad_sd = signed_result(rim.delta, rim.dist, inside_q, rim.outward)
         else:
-            d_vec, dist, inside, outward = closest_feature(mesh, q, face, inside_q, data, data >= 0 and not winding)
+            d_vec, dist, inside, outward = closest_feature(mesh, q, face, inside_q, data >= 0 and not winding)
             sd, grad_sd = signed_result(d_vec, dist, inside, outward)
         found = 1
     elif as_p and not rim.inside:
