@@ -302,8 +302,8 @@ def test_sliver_accuracy(pose, device):
 @pytest.mark.parametrize("name", ["sliver_box", "arm_link_fine"])
 def test_sliver_accuracy_at_every_distance(name, device):
     """Distance within 1e-6 m and direction within 0.5 degrees from 0.1 mm out to max_dist (and
-    inside), on sliver-heavy real-size meshes: beyond SLIVER_REACH the float64 re-search looks
-    around the point Warp found. Points near a tie of distinct features (a jump of the gradient
+    inside), on sliver-heavy real-size meshes (their searches measure thin triangles in float64).
+    Points near a tie of distinct features (a jump of the gradient
     itself: reference.gradient_ambiguity) are left out."""
     case = next(c for c in corpus.CORPUS if c.name == name)
     v, t = case.build()
