@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import warp as wp
 
-from robot_sdf.kernels.signed_distance import REACH_MARGIN, REACH_SLACK
+from robot_sdf.kernels.signed_distance import REACH_MARGIN, REACH_SLACK, mesh_sign_method, out_of_reach
 from robot_sdf.kernels.slot_walk import World, env_slots, query_env, slot_at, slot_sign_method
 from robot_sdf.kernels.swept_slot import open_swept_sign, open_swept_slot_cost, swept_slot_cost
 
@@ -88,6 +88,19 @@ def closed_search_bound(p: wp.vec3, prev: wp.vec3, nxt: wp.vec3, has_prev: int, 
 
 
 @wp.func
+def slot_beyond_reach(mesh: wp.uint64, cull_radius: float, sign_method: int, p: wp.vec3, reach: float) -> bool:
+    """Whether no point of a step's slot (mesh-frame centre p, every sample within ``reach`` -
+    max_dist - r - eta of it) can find anything on the mesh: the test both slot costs start with,
+    at the widest reach either searches (max_dist + r + eta + half the longer segment), made
+    before the segments are rotated into the mesh frame and the results back (the cull radius
+    where the slot has one, else the mesh's own bounds). Most slots a rollout visits end here."""
+    if cull_radius > 0.0:
+        return wp.length(p) > cull_radius + reach
+    data, method = mesh_sign_method(mesh, sign_method)
+    return out_of_reach(mesh, data, p, reach)
+
+
+@wp.func
 def swept_step_cost(p: wp.vec3, prev: wp.vec3, nxt: wp.vec3, has_prev: int, has_next: int, radius: float,
                     eta: float, max_dist: float, sweep_steps: int, env: int, world: World):
     """Unweighted swept cost of one step over the meshes of ``env``, summed mesh by mesh (the slot
@@ -122,6 +135,9 @@ def swept_step_cost(p: wp.vec3, prev: wp.vec3, nxt: wp.vec3, has_prev: int, has_
             continue
         mesh = wp.uint64(world.mesh_idx[env, slot])
         slot_method = slot_sign_method(world, env, slot)
+        cull_radius = world.pose_inv[env, slot, 7]
+        if slot_beyond_reach(mesh, cull_radius, slot_method, p_mesh, slot_reach):
+            continue
         seg_prev = wp.quat_rotate(q, prev - p)
         seg_next = wp.quat_rotate(q, nxt - p)
         c_i = float(0.0)
@@ -134,12 +150,12 @@ def swept_step_cost(p: wp.vec3, prev: wp.vec3, nxt: wp.vec3, has_prev: int, has_
         m_next = int(0)
         if moving and open_swept_sign(mesh, slot_method):
             c_i, g_i, delta_i, own_i, prev_i, next_i, m_prev, m_next = open_swept_slot_cost(
-                mesh, world.pose_inv[env, slot, 7], slot_method, p_mesh, seg_prev, seg_next, has_prev,
+                mesh, cull_radius, slot_method, p_mesh, seg_prev, seg_next, has_prev,
                 has_next, radius, eta, max_dist, sweep_steps, n_sides,
             )
         else:
             c_i, g_i, delta_i, own_i, prev_i, next_i, m_prev, m_next = swept_slot_cost(
-                mesh, world.pose_inv[env, slot, 7], slot_method, p_mesh, seg_prev, seg_next, has_prev,
+                mesh, cull_radius, slot_method, p_mesh, seg_prev, seg_next, has_prev,
                 has_next, radius, eta, max_dist, bound0, sweep_steps, n_sides,
             )
         c0 += c_i
