@@ -300,30 +300,23 @@ def batched_sample(mesh: wp.uint64, p: wp.vec3, q: wp.vec3, seg_prev: wp.vec3, s
 @wp.func
 def swept_sample(mesh: wp.uint64, cull_radius: float, sign_method: int, p: wp.vec3, seg_prev: wp.vec3,
                  seg_next: wp.vec3, segment: wp.vec3, side: int, k: int, sk: float, has_prev: int, has_next: int,
-                 radius: float, eta: float, max_dist: float, sweep_steps: int, found: int, chain_abs: float,
-                 chain_inside: bool, data: int, sign_closed: bool, winding: bool, batched: bool, chain: SideChain,
-                 batches: SweptBatches):
+                 radius: float, eta: float, max_dist: float, sweep_steps: int, sign_closed: bool, batched: bool,
+                 found_k: int, sd_k: float, grad_k: wp.vec3, full: bool, chain: SideChain):
     """Cost and cost gradient (mesh frame) of sample k of a side that no clearance skipped, with
-    the side's chain and the traversals brought up to date: (ck, gk, chain, batches). Batched,
-    the traversals give its closest point within r + eta (batched_sample); else, and where the
-    full test must decide, mesh_signed_distance: on a closed surface within what a later
-    sample's clearance could use, elsewhere the plain query."""
+    the side's chain brought up to date: (ck, gk, chain). Batched, the traversals gave its closest
+    point within r + eta (batched_sample's found_k, sd_k, grad_k, and whether the full test must
+    still decide); else, and where the full test must decide, mesh_signed_distance: on a closed
+    surface within what a later sample's clearance could use, elsewhere the plain query. (The
+    caller runs batched_sample: the traversals it carries are large to pass by value.)"""
     reach_b = radius + eta
     seg_len = wp.length(segment)
     q = p + segment * sk
     search = wp.min(max_dist, (0.5 - sk) * seg_len * REACH_MARGIN + REACH_SLACK) + reach_b
     known = search
-    full = bool(True)
-    found_k = int(0)
-    sd_k = float(0.0)
-    grad_k = wp.vec3(0.0, 0.0, 0.0)
     if batched:
         # Searched within r + eta already: a full test only asks whether it is inside.
         search = 0.0
         known = reach_b
-        found_k, sd_k, grad_k, full, batches = batched_sample(
-            mesh, p, q, seg_prev, seg_next, segment, seg_len, side, k, sk, has_prev, has_next, found, chain_abs,
-            chain_inside, reach_b, sweep_steps, data, winding, chain, batches)
     if not sign_closed:
         # The plain query of q (see swept_slot_cost), bounded by the last exact distance plus the
         # distance moved where that is nearer: the closest point lies within it, and a bound
@@ -352,7 +345,7 @@ def swept_sample(mesh: wp.uint64, cull_radius: float, sign_method: int, p: wp.ve
     chain.last_exact = found_k != 0
     chain.last_s = sk
     chain.free_reach = wp.max(chain.free_reach, sk * seg_len + clearance_k)
-    return ck, gk, chain, batches
+    return ck, gk, chain
 
 
 @wp.func
@@ -452,10 +445,17 @@ def swept_slot_cost(
                 # Every sample sits on p: its cost is c0, bit for bit.
                 chain.mask = chain.mask | side_bit(k)
             else:
-                ck, gk, chain, batches = swept_sample(mesh, cull_radius, sign_method, p, seg_prev, seg_next, segment,
-                                                      side, k, sk, has_prev, has_next, radius, eta, max_dist,
-                                                      sweep_steps, found, chain_abs, chain_inside, data, sign_closed,
-                                                      winding, batched, chain, batches)
+                found_k = int(0)
+                sd_k = float(0.0)
+                grad_k = wp.vec3(0.0, 0.0, 0.0)
+                full = bool(True)
+                if batched:
+                    found_k, sd_k, grad_k, full, batches = batched_sample(
+                        mesh, p, p + segment * sk, seg_prev, seg_next, segment, seg_len, side, k, sk, has_prev,
+                        has_next, found, chain_abs, chain_inside, reach_b, sweep_steps, data, winding, chain, batches)
+                ck, gk, chain = swept_sample(mesh, cull_radius, sign_method, p, seg_prev, seg_next, segment, side, k,
+                                             sk, has_prev, has_next, radius, eta, max_dist, sweep_steps, sign_closed,
+                                             batched, found_k, sd_k, grad_k, full, chain)
             delta += wk * (ck - c0)
             own += gk * (wk * (1.0 - sk))
             to_neighbour += gk * (wk * sk)
