@@ -56,7 +56,8 @@ from robot_sdf.types import SignMethod
 wp.set_module_options({"enable_backward": False})
 
 # Longest edge / height above which a triangle is a sliver: Warp's float32 closest-point search
-# may then pick a triangle up to ~1e-4 m farther than the closest one.
+# may then pick a farther triangle than the closest one, so a mesh with one is flagged and its
+# searches measure thin triangles in float64 (kernels.native.THIN_ASPECT).
 SLIVER_ASPECT = 20.0
 
 

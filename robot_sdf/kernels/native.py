@@ -184,9 +184,26 @@ const wp::Mesh m = wp::mesh_get(mesh);
 // near-zero-area ones: they are thin here and measured exactly).
 float best_sq = max_dist * max_dist;
 int best = -1;
+auto measure = [&](int tri) {
+    const wp::vec3 a = m.points[m.indices[tri * 3 + 0]];
+    const wp::vec3 b = m.points[m.indices[tri * 3 + 1]];
+    const wp::vec3 c = m.points[m.indices[tri * 3 + 2]];
+    float dist_sq;
+    if (is_thin(a, b, c)) {
+        dist_sq = (float)wp::length_sq(thin_delta(a, b, c, p));
+    } else {
+        const wp::vec2 bary = wp::closest_point_to_triangle(a, b, c, p);
+        dist_sq = wp::length_sq(bary[0] * a + bary[1] * b + (1.0f - bary[0] - bary[1]) * c - p);
+    }
+    if (dist_sq < best_sq) {
+        best_sq = dist_sq;
+        best = tri;
+    }
+};
 int stack[BVH_QUERY_STACK_SIZE];
 stack[0] = *m.bvh.root;
 int count = 1;
+bool overflow = false;
 while (count) {
     const int node = stack[--count];
     const wp::BVHPackedNodeHalf nl = m.bvh.node_lowers[node];
@@ -194,25 +211,11 @@ while (count) {
     if (wp::distance_to_aabb_sq(p, wp::vec3(nl.x, nl.y, nl.z), wp::vec3(nu.x, nu.y, nu.z)) >= best_sq)
         continue;
     if (nl.b) {
-        for (int prim = (int)nl.i; prim < (int)nu.i; ++prim) {
-            const int tri = m.bvh.primitive_indices[prim];
-            const wp::vec3 a = m.points[m.indices[tri * 3 + 0]];
-            const wp::vec3 b = m.points[m.indices[tri * 3 + 1]];
-            const wp::vec3 c = m.points[m.indices[tri * 3 + 2]];
-            float dist_sq;
-            if (is_thin(a, b, c)) {
-                dist_sq = (float)wp::length_sq(thin_delta(a, b, c, p));
-            } else {
-                const wp::vec2 bary = wp::closest_point_to_triangle(a, b, c, p);
-                dist_sq = wp::length_sq(bary[0] * a + bary[1] * b + (1.0f - bary[0] - bary[1]) * c - p);
-            }
-            if (dist_sq < best_sq) {
-                best_sq = dist_sq;
-                best = tri;
-            }
-        }
+        for (int prim = (int)nl.i; prim < (int)nu.i; ++prim)
+            measure(m.bvh.primitive_indices[prim]);
     } else if (count + 2 > BVH_QUERY_STACK_SIZE) {
-        break;  // deeper than Warp's own queries go: what was found so far
+        overflow = true;  // a tree deeper than the stack (Warp's own queries would overrun it)
+        break;
     } else {
         const int left = (int)nl.i;
         const int right = (int)nu.i;
@@ -231,14 +234,20 @@ while (count) {
             stack[count++] = left_first ? left : right;
     }
 }
+if (overflow) {
+    // Every triangle, as the traversal would have measured it: slow, and right.
+    for (int tri = 0; tri < m.num_tris; ++tri)
+        measure(tri);
+}
 return best;""")
 def mesh_closest_face(mesh: wp.uint64, p: wp.vec3, max_dist: float) -> int:
     """The triangle closest to mesh-frame p among those nearer than ``max_dist`` (m), -1 if none:
     Warp's float32 closest-triangle search, except that a thin triangle (longest edge / height
     above THIN_ASPECT, zero-area ones included) is measured in float64 relative to its first
     corner. Warp's float32 distance of a 2000:1 sliver can be off by 1e-2 m, so that its own search
-    picks a farther triangle; here only well-shaped triangles carry float32 rounding (about 1e-7
-    of the distance), so the triangle returned is the closest up to that rounding."""
+    picks a farther triangle; here only well-shaped triangles carry float32 rounding (that of the
+    coordinates, about 6e-8 of their magnitude), so the triangle returned is the closest up to that
+    rounding. A tree deeper than the traversal's stack is searched triangle by triangle."""
     ...
 
 

@@ -151,10 +151,10 @@ def is_closed(mesh: wp.uint64, data: int) -> bool:
 
 @wp.func
 def has_slivers(mesh: wp.uint64, data: int) -> bool:
-    """Whether the mesh has slivers: Warp's float32 search may pick a triangle up to ~1e-4 m
-    farther than the closest one, so closest points are searched with thin triangles measured in
-    float64 (native.mesh_closest_face, mesh_closest_points' exact_thin). False without sign data
-    (``data`` < 0)."""
+    """Whether the mesh has slivers: Warp's float32 search may pick a farther triangle than the
+    closest one (by millimetres near a 2000:1 sliver), so closest points are searched with thin
+    triangles measured in float64 (native.mesh_closest_face, mesh_closest_points' exact_thin).
+    False without sign data (``data`` < 0)."""
     if data < 0:
         return False
     return wp.mesh_get(mesh).velocities[data + ROW_BOUNDS][2] != 0.0

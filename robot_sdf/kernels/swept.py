@@ -94,10 +94,12 @@ def slot_beyond_reach(mesh: wp.uint64, cull_radius: float, sign_method: int, p: 
     at the widest reach either searches (max_dist + r + eta + half the longer segment), made
     before the segments are rotated into the mesh frame and the results back (the cull radius
     where the slot has one, else the mesh's own bounds). Most slots a rollout visits end here."""
+    # A relative 1e-5 wider than the slot costs' own tests, whose sums round differently.
+    wide = reach * 1.00001 + 1.0e-6
     if cull_radius > 0.0:
-        return wp.length(p) > cull_radius + reach
+        return wp.length(p) > cull_radius + wide
     data, method = mesh_sign_method(mesh, sign_method)
-    return out_of_reach(mesh, data, p, reach)
+    return out_of_reach(mesh, data, p, wide)
 
 
 @wp.func
