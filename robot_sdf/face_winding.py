@@ -13,8 +13,13 @@ and just off c the winding number is that of f's outer side, plus 1 on its inner
 winding number, so it is evaluated once per patch.
 
 face_rows computes, per face, (w_out, reach, settled): the winding number on the outer side of
-the face, the distance from its centroid to its farthest corner, and 1 where the patch around
-the face is clean as above, else 0 (the kernels then evaluate the winding number). Rows for
+the face, the distance from its centroid to its farthest corner, and FACE_SETTLED where the patch
+around the face is clean as above. A face that is sound itself (not crossed, not degenerate, its
+winding numbers on the two sides one apart) but has a corner whose fan is not clean (an edge used
+by four faces, shells touching at a corner) gets FACE_INTERIOR_SETTLED: its winding numbers hold
+for a point whose closest point lies inside the face, where the side is the face's normal's, and
+for a ray's hit clear of its edges, not for one whose closest feature is an edge or a corner.
+Elsewhere 0 (the kernels then evaluate the winding number). Rows for
 robot_sdf.kernels.sign_data (its face rows), kernel frame, metres. An open surface gets none:
 its winding number varies off the surface, and evaluating it beside every face cost seconds per
 scan (59k triangles: 1.9 s) for a verdict the rim would leave open near most of a scan anyway.
@@ -27,7 +32,7 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
 from robot_sdf.kernels.native import winding_number
-from robot_sdf.kernels.sign_data import face_rows_start
+from robot_sdf.kernels.sign_data import FACE_INTERIOR_SETTLED, FACE_SETTLED, face_rows_start
 
 wp.set_module_options({"enable_backward": False})
 
@@ -197,7 +202,7 @@ def face_rows(mesh: wp.Mesh, points: np.ndarray, welded_corner: np.ndarray, edge
     bad_vertex = (fans != 1) | (bad_count > 0) | (hi > lo)
     settled = good & ~bad_vertex[wt].any(axis=1)
     rows[:, 0] = w_out.astype(np.float32)
-    rows[:, 2] = settled.astype(np.float32)
+    rows[:, 2] = np.where(settled, float(FACE_SETTLED), np.where(good, float(FACE_INTERIOR_SETTLED), 0.0))
     return rows
 
 

@@ -13,7 +13,9 @@ import reference as ref
 from robot_sdf import MeshWorld, face_winding, mesh_analysis, mesh_topology
 from robot_sdf.kernels.closest_point import closest_feature_face
 from robot_sdf.kernels.native import mesh_closest_face
-from robot_sdf.kernels.sign_data import face_rows_start, sign_data_offset
+from robot_sdf.kernels.sign_data import (FACE_INTERIOR_SETTLED, FACE_SETTLED, face_rows_start,
+                                         sign_data_offset)
+from robot_sdf.kernels.sign_data import face_winding as face_row
 from robot_sdf.kernels.signed_distance import ray_winding_inside
 from robot_sdf.kernels.winding import settled_winding_inside
 from robot_sdf.types import SignMethod
@@ -77,8 +79,9 @@ def _verdict_kernel(mesh: wp.uint64, points: wp.array(dtype=wp.vec3), by_face: w
     i = wp.tid()
     p = points[i]
     data = sign_data_offset(mesh)
-    delta, dist, side, outward, face = closest_feature_face(mesh, p, mesh_closest_face(mesh, p, 1.0e6), 1.0, True)
-    by_face[i] = settled_winding_inside(mesh, face, side < 0.0)
+    delta, dist, side, outward, face, feature = closest_feature_face(mesh, p, mesh_closest_face(mesh, p, 1.0e6), 1.0,
+                                                                     True)
+    by_face[i] = settled_winding_inside(mesh, face, side < 0.0, feature == 0)
     by_ray[i] = ray_winding_inside(mesh, data, p)
 
 
@@ -122,7 +125,7 @@ def test_rows_are_the_exact_winding_number_beside_each_settled_face(name):
     v, t = VERDICT_CASES[name][0]() if name in VERDICT_CASES else next(c for c in corpus.CORPUS if c.name == name).build()
     v, t = np.asarray(v, np.float64), np.asarray(t, np.int64)
     mesh, rows = _built(v, t)
-    settled = rows[:, 2] == 1.0
+    settled = rows[:, 2] != 0.0  # FACE_SETTLED, or FACE_INTERIOR_SETTLED (its w_out holds alike)
     tri = v[t]
     centroid = tri.mean(axis=1)
     normal = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
@@ -170,17 +173,83 @@ def test_settled_verdicts_are_the_exact_winding_numbers(name):
         assert (by_face.numpy() == -1).all()  # an open surface has no rows: nothing settled
 
 
-def test_touching_fans_are_not_settled():
-    """Two tetrahedra that touch at one vertex: the faces at that vertex (two fans there) are not
-    settled, the others are."""
+def test_touching_fans_settle_interior_points_only():
+    """Two tetrahedra that touch at one vertex: the faces at that vertex (two fans there) settle
+    only points inside the face (FACE_INTERIOR_SETTLED), the others any point (FACE_SETTLED)."""
     tet = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], np.float64) * 0.1
     tri = np.array([[0, 2, 1], [0, 1, 3], [0, 3, 2], [1, 2, 3]])
     v = np.concatenate([tet, -tet])
     t = np.concatenate([tri, tri[:, ::-1] + 4])  # the mirrored copy, reversed to face outward
     _, rows = _built(v, t)
     at_touch = (t == 0).any(axis=1) | (t == 4).any(axis=1)
-    assert not rows[at_touch, 2].any()
-    assert rows[~at_touch, 2].all()
+    assert (rows[at_touch, 2] == float(FACE_INTERIOR_SETTLED)).all()
+    assert (rows[~at_touch, 2] == float(FACE_SETTLED)).all()
+
+
+@wp.kernel
+def _touch_kernel(mesh: wp.uint64, points: wp.array(dtype=wp.vec3), by_face: wp.array(dtype=int),
+                  feature_out: wp.array(dtype=int), settled_out: wp.array(dtype=float)):
+    i = wp.tid()
+    p = points[i]
+    delta, dist, side, outward, face, feature = closest_feature_face(mesh, p, mesh_closest_face(mesh, p, 1.0e6), 1.0,
+                                                                     True)
+    by_face[i] = settled_winding_inside(mesh, face, side < 0.0, feature == 0)
+    feature_out[i] = feature
+    settled_out[i] = face_row(mesh, face)[2]
+
+
+def test_spheres_touching_at_a_corner_keep_exact_verdicts_there():
+    """Two icospheres (r = 0.1 m) touching at one vertex (the second the first's point reflection
+    through it): points within 3 cm of that vertex, between, inside either and outside both. Where
+    the closest point lies inside a face of the touching fans, its row decides, and its verdict
+    is the exact winding number's."""
+    v1, t1 = ref.icosphere(0.1, 3)
+    corner = v1[0]
+    v = np.concatenate([v1, 2.0 * corner - v1])
+    t = np.concatenate([t1, t1[:, ::-1] + len(v1)])  # reflected: reversed to face outward
+    mesh, rows = _built(v, t)
+    at_touch = (t == 0).any(axis=1) | (t == len(v1)).any(axis=1)
+    assert (rows[at_touch, 2] == float(FACE_INTERIOR_SETTLED)).all()
+    rng = np.random.default_rng(12)
+    pts = corner + rng.normal(0.0, 0.012, size=(3000, 3))
+    w = ref.winding_number(pts, v, t)
+    dist = ref.closest_point_mesh(pts, v, t)[1]
+    clear = (dist > 1e-4) & (np.abs(w - 0.5) > 0.05)
+    by_face, feature = (wp.zeros(len(pts), dtype=int, device="cpu") for _ in range(2))
+    settled = wp.zeros(len(pts), dtype=float, device="cpu")
+    wp.launch(_touch_kernel, len(pts), [mesh.id, wp.array(pts.astype(np.float32), dtype=wp.vec3, device="cpu"),
+                                        by_face, feature, settled], device="cpu")
+    by_face, feature, settled = by_face.numpy(), feature.numpy(), settled.numpy()
+    decided = (by_face >= 0) & clear
+    np.testing.assert_array_equal(by_face[decided], (w[decided] > 0.5).astype(int))
+    interior_rows = decided & (settled == float(FACE_INTERIOR_SETTLED))
+    assert interior_rows.sum() > 300 and (w[interior_rows] > 0.5).sum() > 100 and (w[interior_rows] < 0.5).sum() > 20
+
+
+def test_touching_tetrahedra_settle_no_point_on_an_edge_of_their_touching_fans():
+    """Two tetrahedra touching at one vertex, points around them: every verdict a row gives is the
+    exact winding number's; a point whose closest feature is an edge or a corner of a face of the
+    touching fans gets none from its row (the winding number decides), one in such a face's
+    interior does."""
+    tet = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], np.float64) * 0.1
+    tri = np.array([[0, 2, 1], [0, 1, 3], [0, 3, 2], [1, 2, 3]])
+    v = np.concatenate([tet, -tet])
+    t = np.concatenate([tri, tri[:, ::-1] + 4])
+    mesh, rows = _built(v, t)
+    pts = np.random.default_rng(13).normal(0.0, 0.06, size=(3000, 3))
+    w = ref.winding_number(pts, v, t)
+    dist = ref.closest_point_mesh(pts, v, t)[1]
+    clear = (dist > 1e-4) & (np.abs(w - 0.5) > 0.05)
+    by_face, feature = (wp.zeros(len(pts), dtype=int, device="cpu") for _ in range(2))
+    settled = wp.zeros(len(pts), dtype=float, device="cpu")
+    wp.launch(_touch_kernel, len(pts), [mesh.id, wp.array(pts.astype(np.float32), dtype=wp.vec3, device="cpu"),
+                                        by_face, feature, settled], device="cpu")
+    by_face, feature, settled = by_face.numpy(), feature.numpy(), settled.numpy()
+    decided = (by_face >= 0) & clear
+    np.testing.assert_array_equal(by_face[decided], (w[decided] > 0.5).astype(int))
+    touching = settled == float(FACE_INTERIOR_SETTLED)
+    assert (touching & (feature != 0)).sum() > 200 and (by_face[touching & (feature != 0)] == -1).all()
+    assert (decided & touching & (feature == 0)).sum() > 200
 
 
 def test_a_refit_clears_the_rows_and_signs_stay_the_winding_numbers():

@@ -113,7 +113,7 @@ def feature_normal(mesh: wp.uint64, face: int, feature: int, face_n: wp.vec3) ->
 @wp.func
 def closest_feature(mesh: wp.uint64, p: wp.vec3, face: int, inside: float, pseudo: bool):
     """closest_feature_face without the face."""
-    delta, dist, inside_out, outward, closest = closest_feature_face(mesh, p, face, inside, pseudo)
+    delta, dist, inside_out, outward, closest, feature = closest_feature_face(mesh, p, face, inside, pseudo)
     return delta, dist, inside_out, outward
 
 
@@ -123,13 +123,14 @@ def closest_feature_face(mesh: wp.uint64, p: wp.vec3, face: int, inside: float, 
     measures thin triangles in float64 where the mesh has slivers: native.mesh_closest_face,
     mesh_closest_points with exact_thin): (p - closest point, its length, inside < 0 (recomputed
     from the pseudo-normal of the closest feature when ``pseudo``: the mesh must carry sign
-    data), outward direction for a point on the surface, ``face``)."""
+    data), outward direction for a point on the surface, ``face``, the feature holding the closest
+    point (refine_closest's: 0 the face's interior, 1-3 an edge, 4-6 a corner))."""
     delta, dist, feature, face_n = refine_closest(mesh, p, face)
     outward = face_n
     if pseudo:
         outward = feature_normal(mesh, face, feature, face_n)
         inside = wp.where(wp.dot(delta, outward) < 0.0, -1.0, 1.0)
-    return delta, dist, inside, outward, face
+    return delta, dist, inside, outward, face, feature
 
 
 @wp.func

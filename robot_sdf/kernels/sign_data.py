@@ -12,10 +12,13 @@ with B = V + 4T + 3K the row of the mesh's box (``data`` in the accessors, from 
     [V, V + 3T)         pseudo-normal of edge k of triangle f at V + 3 f + k; edge k joins corners
                         k and (k + 1) % 3 (normalised sum of the normals of the triangles on it)
     [V + 3T, V + 4T)    face row of triangle f at V + 3T + f: (winding number on its outer side,
-                        distance from its centroid to its farthest corner, 1 where the sign may be
-                        taken from the closest feature) (robot_sdf.face_winding; all 0, nothing
-                        settled, until the owner writes them, and again after a refit; the
-                        distance is read by no kernel yet: it bounds the face for a per-face cull)
+                        distance from its centroid to its farthest corner, FACE_SETTLED where the
+                        sign may be taken from any closest feature on it, FACE_INTERIOR_SETTLED
+                        where only from a point inside the face (a closest point in its interior,
+                        a ray's hit clear of its edges), 0 where from none) (robot_sdf.face_winding;
+                        all 0, nothing settled, until the owner writes them, and again after a
+                        refit; the distance is read by no kernel yet: it bounds the face for a
+                        per-face cull)
     V + 4T + 3c + RIM_LOWER   lower corner of the box of rim chunk c, c < K
     V + 4T + 3c + RIM_UPPER   upper corner
     V + 4T + 3c + RIM_LENGTH  (length of the chunk's rim edges, each times its multiplicity, 0, 0)
@@ -210,11 +213,18 @@ def vertex_normal(mesh: wp.uint64, vertex: int) -> wp.vec3:
     return wp.mesh_get(mesh).velocities[vertex]
 
 
+# The face row's third column (robot_sdf.face_winding writes it): the face's winding numbers hold
+# for a point whose closest feature is any feature of the face (its corners' fans are clean), or
+# only for a point whose closest point or ray hit lies inside the face.
+FACE_SETTLED = wp.constant(1.0)
+FACE_INTERIOR_SETTLED = wp.constant(2.0)
+
+
 @wp.func
 def face_winding(mesh: wp.uint64, face: int) -> wp.vec3:
     """Face row of triangle ``face``: (winding number on its outer side, distance (m) from its
-    centroid to its farthest corner, 1 where the sign may be taken from the closest feature
-    (robot_sdf.face_winding), else 0)."""
+    centroid to its farthest corner, FACE_SETTLED, FACE_INTERIOR_SETTLED or 0: from which points
+    the sign may be taken from the row (robot_sdf.face_winding))."""
     m = wp.mesh_get(mesh)
     return m.velocities[m.points.shape[0] + m.indices.shape[0] + face]
 

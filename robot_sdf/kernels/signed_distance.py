@@ -145,7 +145,7 @@ def ray_winding_inside(mesh: wp.uint64, data: int, p: wp.vec3) -> int:
     facing = wp.dot(INSIDE_RAY, ray_n)
     if wp.abs(facing) < 1.0e-3 or wp.min(wp.min(bu, bv), 1.0 - bu - bv) <= EDGE_MARGIN:
         return -1  # grazing, or on an edge where either face may be reported: the side is not clear
-    return settled_winding_inside(mesh, ray_face, facing > 0.0)
+    return settled_winding_inside(mesh, ray_face, facing > 0.0, True)
 
 
 @wp.func
@@ -163,8 +163,8 @@ def winding_feature(mesh: wp.uint64, p: wp.vec3, face: int):
     """closest_feature of a point of a winding-regime mesh (with robot_sdf's sign data) from its
     closest triangle, signed by the winding number: from the face row of that triangle where it
     settles it (robot_sdf.face_winding), else Warp's winding number."""
-    delta, dist, side, outward, closest = closest_feature_face(mesh, p, face, 1.0, True)
-    verdict = settled_winding_inside(mesh, closest, side < 0.0)
+    delta, dist, side, outward, closest, feature = closest_feature_face(mesh, p, face, 1.0, True)
+    verdict = settled_winding_inside(mesh, closest, side < 0.0, feature == 0)
     if verdict < 0:
         verdict = wp.where(winding_inside(mesh, p), 1, 0)
     return delta, dist, wp.where(verdict == 1, -1.0, 1.0), outward

@@ -14,7 +14,8 @@ import warp as wp
 
 from robot_sdf.kernels.closest_point import UNBOUNDED
 from robot_sdf.kernels.native import mesh_winding_numbers, winding_number
-from robot_sdf.kernels.sign_data import (box_lower, box_upper, face_winding, rim_chunk_count, rim_chunk_length,
+from robot_sdf.kernels.sign_data import (FACE_INTERIOR_SETTLED, box_lower, box_upper, face_winding,
+                                         rim_chunk_count, rim_chunk_length,
                                          rim_chunk_lower, rim_chunk_row, rim_chunk_upper, surface_area,
                                          winding_radius)
 
@@ -163,14 +164,16 @@ def rim_settled_lanes(n_prev: int, n_next: int, len_prev: float, len_next: float
 
 
 @wp.func
-def settled_winding_inside(mesh: wp.uint64, face: int, inner: bool) -> int:
+def settled_winding_inside(mesh: wp.uint64, face: int, inner: bool, interior: bool) -> int:
     """The winding-number verdict of a point from the face row of ``face``, the triangle holding
     its closest surface point or the first one a ray from it meets (``inner``: the point is on the
-    inner side of it, by the pseudo-normal of the closest feature or the ray's direction): 1
+    inner side of it, by the pseudo-normal of the closest feature or the ray's direction;
+    ``interior``: that closest point or hit lies inside the face, not on an edge or corner): 1
     inside, 0 outside, -1 where the row does not settle it (robot_sdf.face_winding: rows are
     written for closed surfaces only, whose winding number is the face's outer one, +1 on its
-    inner side, all the way to the point)."""
+    inner side, all the way to the point; a face whose corners' fans are not clean settles
+    interior points only)."""
     row = face_winding(mesh, face)
-    if row[2] == 0.0:
+    if row[2] == 0.0 or (row[2] == FACE_INTERIOR_SETTLED and not interior):
         return -1
     return wp.where(row[0] + wp.where(inner, 1.0, 0.0) > WINDING_THRESHOLD, 1, 0)
