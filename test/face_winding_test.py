@@ -173,13 +173,18 @@ def test_settled_verdicts_are_the_exact_winding_numbers(name):
         assert (by_face.numpy() == -1).all()  # an open surface has no rows: nothing settled
 
 
+def _touching_tetrahedra():
+    """Two tetrahedra (0.1 m) that touch at one vertex, the second the first mirrored through it
+    and reversed to face outward: (v, t)."""
+    tet = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], np.float64) * 0.1
+    tri = np.array([[0, 2, 1], [0, 1, 3], [0, 3, 2], [1, 2, 3]])
+    return np.concatenate([tet, -tet]), np.concatenate([tri, tri[:, ::-1] + 4])
+
+
 def test_touching_fans_settle_interior_points_only():
     """Two tetrahedra that touch at one vertex: the faces at that vertex (two fans there) settle
     only points inside the face (FACE_INTERIOR_SETTLED), the others any point (FACE_SETTLED)."""
-    tet = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], np.float64) * 0.1
-    tri = np.array([[0, 2, 1], [0, 1, 3], [0, 3, 2], [1, 2, 3]])
-    v = np.concatenate([tet, -tet])
-    t = np.concatenate([tri, tri[:, ::-1] + 4])  # the mirrored copy, reversed to face outward
+    v, t = _touching_tetrahedra()
     _, rows = _built(v, t)
     at_touch = (t == 0).any(axis=1) | (t == 4).any(axis=1)
     assert (rows[at_touch, 2] == float(FACE_INTERIOR_SETTLED)).all()
@@ -198,6 +203,24 @@ def _touch_kernel(mesh: wp.uint64, points: wp.array(dtype=wp.vec3), by_face: wp.
     settled_out[i] = face_row(mesh, face)[2]
 
 
+def _row_verdicts(mesh, v, t, pts):
+    """Each point's verdict from its closest triangle's face row (_touch_kernel), asserted to be
+    the exact winding number's wherever a row gives one (points 0.1 mm or more from the surface and
+    0.05 from w = 1/2): (exact winding numbers, the points decided so, verdicts, closest features,
+    row codes)."""
+    w = ref.winding_number(pts, v, t)
+    dist = ref.closest_point_mesh(pts, v, t)[1]
+    clear = (dist > 1e-4) & (np.abs(w - 0.5) > 0.05)
+    by_face, feature = (wp.zeros(len(pts), dtype=int, device="cpu") for _ in range(2))
+    settled = wp.zeros(len(pts), dtype=float, device="cpu")
+    wp.launch(_touch_kernel, len(pts), [mesh.id, wp.array(pts.astype(np.float32), dtype=wp.vec3, device="cpu"),
+                                        by_face, feature, settled], device="cpu")
+    by_face, feature, settled = by_face.numpy(), feature.numpy(), settled.numpy()
+    decided = (by_face >= 0) & clear
+    np.testing.assert_array_equal(by_face[decided], (w[decided] > 0.5).astype(int))
+    return w, decided, by_face, feature, settled
+
+
 def test_spheres_touching_at_a_corner_keep_exact_verdicts_there():
     """Two icospheres (r = 0.1 m) touching at one vertex (the second the first's point reflection
     through it): points within 3 cm of that vertex, between, inside either and outside both. Where
@@ -212,16 +235,7 @@ def test_spheres_touching_at_a_corner_keep_exact_verdicts_there():
     assert (rows[at_touch, 2] == float(FACE_INTERIOR_SETTLED)).all()
     rng = np.random.default_rng(12)
     pts = corner + rng.normal(0.0, 0.012, size=(3000, 3))
-    w = ref.winding_number(pts, v, t)
-    dist = ref.closest_point_mesh(pts, v, t)[1]
-    clear = (dist > 1e-4) & (np.abs(w - 0.5) > 0.05)
-    by_face, feature = (wp.zeros(len(pts), dtype=int, device="cpu") for _ in range(2))
-    settled = wp.zeros(len(pts), dtype=float, device="cpu")
-    wp.launch(_touch_kernel, len(pts), [mesh.id, wp.array(pts.astype(np.float32), dtype=wp.vec3, device="cpu"),
-                                        by_face, feature, settled], device="cpu")
-    by_face, feature, settled = by_face.numpy(), feature.numpy(), settled.numpy()
-    decided = (by_face >= 0) & clear
-    np.testing.assert_array_equal(by_face[decided], (w[decided] > 0.5).astype(int))
+    w, decided, _, _, settled = _row_verdicts(mesh, v, t, pts)
     interior_rows = decided & (settled == float(FACE_INTERIOR_SETTLED))
     assert interior_rows.sum() > 300 and (w[interior_rows] > 0.5).sum() > 100 and (w[interior_rows] < 0.5).sum() > 20
 
@@ -231,22 +245,10 @@ def test_touching_tetrahedra_settle_no_point_on_an_edge_of_their_touching_fans()
     exact winding number's; a point whose closest feature is an edge or a corner of a face of the
     touching fans gets none from its row (the winding number decides), one in such a face's
     interior does."""
-    tet = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], np.float64) * 0.1
-    tri = np.array([[0, 2, 1], [0, 1, 3], [0, 3, 2], [1, 2, 3]])
-    v = np.concatenate([tet, -tet])
-    t = np.concatenate([tri, tri[:, ::-1] + 4])
-    mesh, rows = _built(v, t)
+    v, t = _touching_tetrahedra()
+    mesh, _ = _built(v, t)
     pts = np.random.default_rng(13).normal(0.0, 0.06, size=(3000, 3))
-    w = ref.winding_number(pts, v, t)
-    dist = ref.closest_point_mesh(pts, v, t)[1]
-    clear = (dist > 1e-4) & (np.abs(w - 0.5) > 0.05)
-    by_face, feature = (wp.zeros(len(pts), dtype=int, device="cpu") for _ in range(2))
-    settled = wp.zeros(len(pts), dtype=float, device="cpu")
-    wp.launch(_touch_kernel, len(pts), [mesh.id, wp.array(pts.astype(np.float32), dtype=wp.vec3, device="cpu"),
-                                        by_face, feature, settled], device="cpu")
-    by_face, feature, settled = by_face.numpy(), feature.numpy(), settled.numpy()
-    decided = (by_face >= 0) & clear
-    np.testing.assert_array_equal(by_face[decided], (w[decided] > 0.5).astype(int))
+    w, decided, by_face, feature, settled = _row_verdicts(mesh, v, t, pts)
     touching = settled == float(FACE_INTERIOR_SETTLED)
     assert (touching & (feature != 0)).sum() > 200 and (by_face[touching & (feature != 0)] == -1).all()
     assert (decided & touching & (feature == 0)).sum() > 200

@@ -121,9 +121,11 @@ def slot_bvh_hits(id: wp.uint64, lower: wp.vec3, upper: wp.vec3) -> slot_hits_t:
 # so that float32 rounding never lets one pass as well-shaped; THIN_TRIANGLE_CPP writes its square.
 THIN_ASPECT = 10.0
 # C++ shared by the searches that measure thin triangles exactly (pasted at the top of their
-# snippets): is_thin(a, b, c), and thin_delta(a, b, c, pt) = pt - its closest point on the
-# triangle, in float64 relative to a (Ericson's region test, as closest_point.closest_on_triangle,
-# which also names the feature; the same guards for coincident corners and zero area).
+# snippets): is_thin(a, b, c); thin_delta(a, b, c, pt) = pt - its closest point on the triangle,
+# in float64 relative to a (Ericson's region test, as closest_point.closest_on_triangle, which also
+# names the feature; the same guards for coincident corners and zero area); and
+# distance_sq(a, b, c, pt, thin, bary), the squared distance a search compares: thin_delta's where
+# ``thin``, else Warp's float32 closest-point query's (its weights left in ``bary``).
 THIN_TRIANGLE_CPP = """
 auto is_thin = [](const wp::vec3& a, const wp::vec3& b, const wp::vec3& c) {
     const float longest2 = wp::max(wp::max(wp::length_sq(b - a), wp::length_sq(c - b)), wp::length_sq(a - c));
@@ -175,6 +177,13 @@ auto thin_delta = [&](const wp::vec3& a32, const wp::vec3& b32, const wp::vec3& 
     }
     return q - (b * (vb / denom) + c * (vc / denom));
 };
+auto distance_sq = [&](const wp::vec3& a, const wp::vec3& b, const wp::vec3& c, const wp::vec3& pt, bool thin,
+                       wp::vec2& bary) -> float {
+    if (thin)
+        return (float)wp::length_sq(thin_delta(a, b, c, pt));
+    bary = wp::closest_point_to_triangle(a, b, c, pt);
+    return wp::length_sq(bary[0] * a + bary[1] * b + (1.0f - bary[0] - bary[1]) * c - pt);
+};
 """
 
 
@@ -188,13 +197,8 @@ auto measure = [&](int tri) {
     const wp::vec3 a = m.points[m.indices[tri * 3 + 0]];
     const wp::vec3 b = m.points[m.indices[tri * 3 + 1]];
     const wp::vec3 c = m.points[m.indices[tri * 3 + 2]];
-    float dist_sq;
-    if (is_thin(a, b, c)) {
-        dist_sq = (float)wp::length_sq(thin_delta(a, b, c, p));
-    } else {
-        const wp::vec2 bary = wp::closest_point_to_triangle(a, b, c, p);
-        dist_sq = wp::length_sq(bary[0] * a + bary[1] * b + (1.0f - bary[0] - bary[1]) * c - p);
-    }
+    wp::vec2 bary;
+    const float dist_sq = distance_sq(a, b, c, p, is_thin(a, b, c), bary);
     if (dist_sq < best_sq) {
         best_sq = dist_sq;
         best = tri;
@@ -517,13 +521,7 @@ while (count) {
                 test &= test - 1u;
                 const wp::vec3 pt(px[j], py[j], pz[j]);
                 wp::vec2 bary(0.0f);
-                float dist_sq;
-                if (thin) {
-                    dist_sq = (float)wp::length_sq(thin_delta(p, q, r, pt));
-                } else {
-                    bary = wp::closest_point_to_triangle(p, q, r, pt);
-                    dist_sq = wp::length_sq(bary[0] * p + bary[1] * q + (1.0f - bary[0] - bary[1]) * r - pt);
-                }
+                const float dist_sq = distance_sq(p, q, r, pt, thin, bary);
                 if (dist_sq < best[j]) {
                     if (warp_sign)
                         take_warp_candidate(j, tri, wp::sqrt(dist_sq), bary);
