@@ -139,7 +139,7 @@ _sphere_cost.register_autograd(_sphere_cost_backward, setup_context=_sphere_cost
 def _swept_sphere_cost(spheres: torch.Tensor, world: int, activation_distance: float, weight: float,
                        max_distance: float, sweep_steps: int, speed_dt: float, speed_metric: bool,
                        env: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cost (b,h,n), partials (3,b,h,n,3): own, to_prev, to_next) of trajectories (b,h,n,4)."""
+    """(cost (b,h,n), partials (3,b,h,n,4): warp_primitives.SweptPartials) of trajectories (b,h,n,4)."""
     w = _world(world)
     s = spheres.contiguous()
     weight_t, eta, max_d = scalar_tensors(w, activation_distance, weight, _max(max_distance))
@@ -156,7 +156,7 @@ def _swept_sphere_cost(spheres: torch.Tensor, world: int, activation_distance: f
 @_swept_sphere_cost.register_fake
 def _(spheres, world, activation_distance, weight, max_distance, sweep_steps, speed_dt, speed_metric, env):
     b, h, n, _ = spheres.shape
-    return spheres.new_empty((b, h, n)), spheres.new_empty((3, b, h, n, 3))
+    return spheres.new_empty((b, h, n)), spheres.new_empty((3, b, h, n, 4))
 
 
 def _swept_setup(ctx, inputs, output):
@@ -166,9 +166,7 @@ def _swept_setup(ctx, inputs, output):
 
 def _swept_backward(ctx, grad_cost, _):
     (partials,) = ctx.saved_tensors
-    own, to_prev, to_next = partials.unbind(0)
-    grad = swept_chain_rule(own, to_prev, to_next, grad_cost)
-    return torch.cat([grad, torch.zeros_like(grad[..., :1])], dim=-1), None, None, None, None, None, None, None, None
+    return swept_chain_rule(partials, grad_cost), None, None, None, None, None, None, None, None
 
 
 _swept_sphere_cost.register_autograd(_swept_backward, setup_context=_swept_setup)

@@ -46,7 +46,7 @@ import warp as wp
 from robot_sdf import _internals, kernels
 from robot_sdf.launch import argument_positions, descriptor, direct_cpu_call, flat_descriptor, launch_kernel
 from robot_sdf.types import SignMethod, WorldSnapshot
-from robot_sdf.world_args import constant_arguments, env_descriptor, env_query, env_tensor, scalar_descriptor
+from robot_sdf.world_args import constant_arguments, env_descriptor, env_tensor, scalar_descriptor
 
 
 class _Outputs:
@@ -165,38 +165,30 @@ _SPHERE_COST_VALUES = argument_positions(kernels.sphere_cost_kernel, "use_env_qu
 
 
 class SweptPartials:
-    """Per-sphere partial derivatives of the swept cost, (b,h,n,3) float32 each, world frame.
+    """The swept cost's partial derivatives, kept by forward for the chain rule: one (3,b,h,n,4)
+    float32 buffer, world frame, by the step they are taken at.
 
-    own[t] = d cost_t / d p[t], to_prev[t] = d cost_t / d p[t-1], to_next[t] = d cost_t / d p[t+1]
-    (zero where the side does not exist, for spheres that are off, and for both neighbour partials
-    of a step where the speed metric applies). Views of one (3,b,h,n,3) buffer.
+    Row k of sphere (b,t,n) is d cost_{t-1+k} / d p[t]: row 0 the previous step's cost, row 1 the
+    step's own, row 2 the next step's (0 where that step does not exist, where its sphere is off,
+    and for the neighbour partials of a step where the speed metric applies); component 3 (the
+    radius) is 0. So the gradient of the summed cost is the sum over rows, and the chain rule for
+    any upstream gradient g is sum_k g[t-1+k] row k (swept_chain_rule): the kernel
+    (kernels.swept_sphere_cost_kernel) writes each step's three partials into the rows of the
+    steps they are taken at.
     """
 
     def __init__(self, b: int, h: int, n: int, device: torch.device):
-        self.buffer = torch.empty((3, b, h, n, 3), dtype=torch.float32, device=device)
-        self.own, self.to_prev, self.to_next = self.buffer.unbind(0)
-
-    def warp_arrays(self) -> list:
-        return [descriptor(x.view(-1, 3), dtype=wp.vec3) for x in (self.own, self.to_prev, self.to_next)]
+        self.buffer = torch.empty((3, b, h, n, 4), dtype=torch.float32, device=device)
 
 
-def swept_chain_rule(own: torch.Tensor, to_prev: torch.Tensor, to_next: torch.Tensor,
-                     grad_output: torch.Tensor | None = None) -> torch.Tensor:
-    """d (sum_t grad_output[t] cost_t) / d p[t] (b,h,n,3) from the partials (b,h,n,3 each).
-
-    grad[t] = g[t] own[t] + g[t-1] to_next[t-1] + g[t+1] to_prev[t+1]; grad_output g (b,h,n),
-    None meaning all ones (the gradient of the summed cost).
-    """
-    if grad_output is None:
-        grad = own.clone()
-        grad[:, 1:] += to_next[:, :-1]
-        grad[:, :-1] += to_prev[:, 1:]
-        return grad
-    g = grad_output.unsqueeze(-1).to(own.dtype)
-    grad = g * own
-    grad[:, 1:] += g[:, :-1] * to_next[:, :-1]
-    grad[:, :-1] += g[:, 1:] * to_prev[:, 1:]
-    return grad
+def swept_chain_rule(partials: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
+    """d (sum_t grad_output[t] cost_t) / d spheres (b,h,n,4) from the partials (3,b,h,n,4,
+    SweptPartials) and grad_output (b,h,n): sphere (b,t,n) gets sum_k g[t-1+k] row k, g 0 beyond
+    the trajectory's ends. The radius gets no gradient (its row components are 0)."""
+    g = grad_output.to(partials.dtype)
+    # window[b, t, n, k] = g[b, t-1+k, n]: a view of g padded by one step at each end.
+    window = torch.nn.functional.pad(g, (0, 0, 1, 1)).unfold(1, 3, 1)
+    return (partials * window.permute(3, 0, 1, 2).unsqueeze(-1)).sum(0)
 
 
 def launch_swept_sphere_cost(
@@ -207,7 +199,7 @@ def launch_swept_sphere_cost(
 ) -> SweptPartials | None:
     """Fill the outputs with SweptSdfMeshWarpPy's cost (docs/design.md "Swept cost").
 
-    out_cost[t] = cost_t (b,h,n); out_grad[..., :3] = d (sum_t' cost_t') / d p[t] (b,h,n,4), the
+    out_cost[t] = cost_t (b,h,n); out_grad = d (sum_t' cost_t') / d p[t] (b,h,n,4), the
     gradient of the summed cost that cuRobo-style callers read directly (zero-filled unless
     compute_grad). Returns the partials (for autograd with any grad_output) when compute_grad,
     else None. out_evaluations: optional (b,h,n) int32 tensor (contiguous, on the spheres'
@@ -221,42 +213,71 @@ def launch_swept_sphere_cost(
     outs = _Outputs(out_cost, out_grad, sparsity_idx, (b, h, n), device)
     # Keep the contiguous tensor referenced until the launch: a descriptor holds only its address.
     spheres_data = query_spheres.detach().contiguous()
-    spheres = flat_descriptor(spheres_data, 16)
-    env_arr, use_env = env_query(env_query_idx, b, device)
-    weight, activation_distance, max_dist, world = constant_arguments(
-        weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, sign_method,
-        device, snapshot)
+    env, use_env = env_tensor(env_query_idx, b, device)
+    constants = constant_arguments(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
+                                   n_env_mesh, sign_method, device, snapshot)
     if out_evaluations is not None and (tuple(out_evaluations.shape) != (b, h, n) or out_evaluations.dtype != torch.int32
                                         or out_evaluations.device != device or not out_evaluations.is_contiguous()):
         raise ValueError(f"out_evaluations must be a contiguous ({b}, {h}, {n}) int32 tensor on {device}")
-    partials = SweptPartials(b, h, n, device) if compute_grad else SweptPartials(1, 1, 1, device)
+    partials = SweptPartials(b, h, n, device) if compute_grad else _unused_partials(device)
     evaluations = out_evaluations if out_evaluations is not None else _unused_int(device)
-    inputs = [
-        spheres, weight, activation_distance, max_dist, scalar_descriptor(speed_dt, device), world, env_arr, use_env,
-        h, n, int(sweep_steps), int(bool(enable_speed_metric)), int(bool(compute_grad)),
-        int(out_evaluations is not None),
-    ]
-    outputs = [descriptor(outs.cost.view(-1)), descriptor(outs.sparsity.view(-1)), *partials.warp_arrays(),
-               descriptor(evaluations.view(-1))]
-    launch_kernel(kernels.swept_sphere_cost_kernel, b * h * n, inputs, outputs, device)
+    total = b * h * n
+    numbers = (use_env, h, n, int(sweep_steps), int(bool(enable_speed_metric)), int(bool(compute_grad)),
+               int(out_evaluations is not None))
+    flats = (spheres_data, env, outs.cost, outs.sparsity, partials.buffer, evaluations)
+    call = direct_cpu_call(kernels.swept_sphere_cost_kernel, device, total)
+    if call is not None:
+        # Small CPU launches: the per-call tensors go straight into the recorded argument struct.
+        call.set_constants(_SWEPT_CONSTANTS, constants)
+        call.set_values(_SWEPT_SPEED_DT, (scalar_descriptor(speed_dt, device),))
+        call.set_flats(_SWEPT_FLATS, flats)
+        call.set_values(_SWEPT_VALUES, numbers + (0, total))
+        call.run()
+    else:
+        weight_d, activation_d, max_dist_d, world = constants
+        inputs = [flat_descriptor(spheres_data, 16), weight_d, activation_d, max_dist_d,
+                  scalar_descriptor(speed_dt, device), world, env_descriptor(env, use_env), *numbers]
+        outputs = [flat_descriptor(outs.cost, 4), flat_descriptor(outs.sparsity, 1),
+                   flat_descriptor(partials.buffer, 16), flat_descriptor(evaluations, 4)]
+        launch_kernel(kernels.swept_sphere_cost_kernel, total, inputs, outputs, device)
     if compute_grad:
-        outs.grad[..., :3] = swept_chain_rule(partials.own, partials.to_prev, partials.to_next)
-        outs.grad[..., 3] = 0.0
+        torch.sum(partials.buffer, 0, out=outs.grad)
     else:
         outs.grad.zero_()
     outs.finish()
     return partials if compute_grad else None
 
 
-_unused_ints: dict[torch.device, torch.Tensor] = {}
+# swept_sphere_cost_kernel's arguments by kind, for the direct CPU call (as for sphere_cost_kernel).
+_SWEPT_CONSTANTS = argument_positions(kernels.swept_sphere_cost_kernel, "weight", "activation_distance",
+                                      "max_distance", "world")
+_SWEPT_SPEED_DT = argument_positions(kernels.swept_sphere_cost_kernel, "speed_dt")
+_SWEPT_FLATS = argument_positions(kernels.swept_sphere_cost_kernel, "spheres", "env_query", "out_cost",
+                                  "out_sparsity", "out_partials", "out_evaluations")
+_SWEPT_VALUES = argument_positions(kernels.swept_sphere_cost_kernel, "use_env_query", "horizon", "spheres_per_step",
+                                   "sweep_steps", "enable_speed_metric", "compute_grad", "count_evaluations",
+                                   "start", "total")
+
+
+_unused: dict[tuple, object] = {}
 
 
 def _unused_int(device: torch.device) -> torch.Tensor:
-    t = _unused_ints.get(device)
+    """A one-element int32 tensor for an output array the kernel does not write."""
+    t = _unused.get(("int", device))
     if t is None:
         with _internals.plain_tensors():
-            t = _unused_ints.setdefault(device, torch.zeros(1, dtype=torch.int32, device=device))
+            t = _unused.setdefault(("int", device), torch.zeros(1, dtype=torch.int32, device=device))
     return t
+
+
+def _unused_partials(device: torch.device) -> SweptPartials:
+    """Partials of one sphere for a launch that writes none (compute_grad False)."""
+    p = _unused.get(("partials", device))
+    if p is None:
+        with _internals.plain_tensors():
+            p = _unused.setdefault(("partials", device), SweptPartials(1, 1, 1, device))
+    return p
 
 
 def launch_sphere_hessian(query_spheres, weight, activation_distance, mesh_idx, mesh_pose_inverse, mesh_enable,
@@ -594,13 +615,13 @@ def refuse_second_order(gradient: torch.Tensor, spheres: torch.Tensor) -> torch.
 
 
 def swept_jvp(tangent: torch.Tensor, partials: torch.Tensor) -> torch.Tensor:
-    """Forward-mode tangent (b,h,n) of the swept costs: own[t].dp[t] + to_prev[t].dp[t-1] +
-    to_next[t].dp[t+1], from the partials (3,b,h,n,3) and the spheres' tangent (b,h,n,4)."""
-    own, to_prev, to_next = partials.to(tangent.dtype).unbind(0)
-    dp = tangent[..., :3]
-    out = (own * dp).sum(-1)
-    out[:, 1:] = out[:, 1:] + (to_prev[:, 1:] * dp[:, :-1]).sum(-1)
-    out[:, :-1] = out[:, :-1] + (to_next[:, :-1] * dp[:, 1:]).sum(-1)
+    """Forward-mode tangent (b,h,n) of the swept costs from the partials (3,b,h,n,4, SweptPartials)
+    and the spheres' tangent (b,h,n,4): cost_t moves by row 2 of step t-1, row 1 of step t and
+    row 0 of step t+1, each dotted with that step's tangent (the radius rows are 0)."""
+    moved = (partials.to(tangent.dtype) * tangent).sum(-1)
+    out = moved[1]
+    out[:, 1:] = out[:, 1:] + moved[2, :, :-1]
+    out[:, :-1] = out[:, :-1] + moved[0, :, 1:]
     return out
 
 
@@ -641,9 +662,7 @@ class _SweptSdfMeshWarpPy(torch.autograd.Function):
     def backward(ctx, grad_output, *_):
         grad_spheres = None
         if ctx.needs_input_grad[0]:
-            own, to_prev, to_next = _SweptSdfMeshWarpPy._partials(ctx).unbind(0)
-            # The radius gets no gradient.
-            grad_spheres = _pad_radius(swept_chain_rule(own, to_prev, to_next, grad_output))
+            grad_spheres = swept_chain_rule(_SweptSdfMeshWarpPy._partials(ctx), grad_output)
             grad_spheres = refuse_second_order(grad_spheres, ctx.saved_tensors[1])
         return (grad_spheres,) + (None,) * 18
 
@@ -670,8 +689,8 @@ class _SweptSdfMeshWarpPy(torch.autograd.Function):
             return_loss, sign_method, compute_grad, snapshot)
         if partials.dim() == 2:
             return (unfold_batch(cost, info.batch_size), partials), (0, None)
-        # (3, B*b, h, n, 3) -> (3, B, b, h, n, 3): the vmapped dimension is 1.
-        partials = partials.reshape(3, info.batch_size, b // info.batch_size, h, n, 3)
+        # (3, B*b, h, n, 4) -> (3, B, b, h, n, 4): the vmapped dimension is 1.
+        partials = partials.reshape(3, info.batch_size, b // info.batch_size, h, n, 4)
         return (unfold_batch(cost, info.batch_size), partials), (0, 1)
 
 

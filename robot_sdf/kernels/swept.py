@@ -211,9 +211,7 @@ def swept_sphere_cost_kernel(
     total: int,
     out_cost: wp.array(dtype=wp.float32),
     out_sparsity: wp.array(dtype=wp.uint8),
-    out_own: wp.array(dtype=wp.vec3),
-    out_to_prev: wp.array(dtype=wp.vec3),
-    out_to_next: wp.array(dtype=wp.vec3),
+    out_partials: wp.array(dtype=wp.vec4),
     out_evaluations: wp.array(dtype=wp.int32),
 ):
     """Swept cost of step t of each sphere's trajectory (docs/design.md "Swept cost") and its partials.
@@ -226,11 +224,14 @@ def swept_sphere_cost_kernel(
     1-Lipschitz, so a sample within a mesh's clearance of an evaluated point of the same side
     is not penetrated by that mesh.
 
-    Outputs per sphere (world frame, all scaled by weight; written only when compute_grad):
-    out_own = d cost_t / d p[t], out_to_prev = d cost_t / d p[t-1], out_to_next =
-    d cost_t / d p[t+1]; a sample at fraction s with weight w and cost gradient g adds
-    w (1 - s) g to p[t] and w s g to the neighbour. With the speed metric applied to a step,
-    its whole (CHOMP) gradient goes to out_own and both neighbour partials are 0.
+    Partials (world frame, scaled by weight; written only when compute_grad): a sample at
+    fraction s with weight w and cost gradient g adds w (1 - s) g to d cost_t / d p[t] and w s g
+    to the partial towards its neighbour step. out_partials (3 * total) holds them by the step they
+    are taken at (robot_sdf.warp_primitives.SweptPartials: row k of sphere i, at k * total + i,
+    is d cost of step(i) - 1 + k / d p of sphere i, radius component 0): each thread writes its own
+    row 1, row 2 of its previous step and row 0 of its next one, and at the trajectory's ends the
+    row that no neighbour writes (0). With the speed metric applied to a step, its whole (CHOMP)
+    gradient goes to d cost_t / d p[t] and both neighbour partials are 0.
     out_evaluations (when count_evaluations): points of the sphere's slot searched for at least
     one mesh (p[t] and the samples not skipped for every mesh).
     """
@@ -275,8 +276,14 @@ def swept_sphere_cost_kernel(
     out_cost[tid] = cost
     out_sparsity[tid] = wp.where(cost > 0.0, wp.uint8(1), wp.uint8(0))
     if compute_grad != 0:
-        out_own[tid] = own
-        out_to_prev[tid] = to_prev
-        out_to_next[tid] = to_next
+        out_partials[total + tid] = wp.vec4(own[0], own[1], own[2], 0.0)
+        if step > 0:
+            out_partials[2 * total + tid - spheres_per_step] = wp.vec4(to_prev[0], to_prev[1], to_prev[2], 0.0)
+        else:
+            out_partials[tid] = wp.vec4(0.0, 0.0, 0.0, 0.0)
+        if step < horizon - 1:
+            out_partials[tid + spheres_per_step] = wp.vec4(to_next[0], to_next[1], to_next[2], 0.0)
+        else:
+            out_partials[2 * total + tid] = wp.vec4(0.0, 0.0, 0.0, 0.0)
     if count_evaluations != 0:
         out_evaluations[tid] = evaluations
