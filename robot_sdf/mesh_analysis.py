@@ -31,7 +31,10 @@ box, so no point outside the box is inside. Any other surface can have a winding
 0.5 outside its box (flipped faces, folds); |w| <= A / (4 pi (D - R)^2) at distance D from the
 centre of a surface of area A within radius R, so beyond the winding radius R + sqrt(A / (2 pi))
 no point is inside; likewise |w| <= A / (4 pi d^2) at distance d from the surface (or from its
-bounding box), so a point farther than sqrt(A / (2 pi)) from the box is outside.
+bounding box), so a point farther than sqrt(A / (2 pi)) from the box is outside. Outside the box
+the rim bounds w as well: along the ray straight away from the box (which meets no surface) the
+gradient bound integrates to at most (1 / 4 pi) sum over chunks of length x (4 / (g_c + g) - 1 / g_c),
+g_c the chunk box's distance and g the mesh box's (kernels.winding.rim_escape_bound).
 
 Pseudo-normals follow Baerentzen & Aanaes (2005): for a closed, consistently oriented,
 non-self-intersecting surface, the sign of dot(p - c, n) with c the closest surface point and n

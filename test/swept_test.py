@@ -643,6 +643,56 @@ def test_rim_shortcut_keeps_the_winding_verdicts_through_a_bowl_opening(device, 
     np.testing.assert_allclose(np_(g[..., :3])[mask], g_ref[mask], atol=GRAD_ATOL, rtol=1e-4)
 
 
+@pytest.mark.parametrize("sweep_steps", [4, 9])
+def test_open_surface_inside_beyond_its_box(device, sweep_steps):
+    """An open surface's winding number can pass 1/2 far from it and outside its box: over three
+    copies of a flat 1 m sheet (rim multiplicity 3, a box of zero height) it is above 1/2 up to
+    about 0.5 m above the centre. Walks 0.12-0.7 m above it, farther than r + eta from the surface
+    (where the swept kernel's far bounds may skip the search: kernels.winding.open_winding_outside),
+    cost their depth wherever Warp's winding number says inside, as the swept rule gives with
+    Warp's own verdict at each sample (declaring a free step outside without those bounds, or
+    every free sample outside, fails here)."""
+    from robot_sdf import MeshWorld
+
+    max_dist = 0.2
+    v1, t1 = ref.sheet(1.0, 6)
+    t1 = t1[:, ::-1]  # facing -z: inside (positive winding number) above it
+    v = np.concatenate([v1] * 3)
+    t = np.concatenate([t1 + k * len(v1) for k in range(3)])
+    world = MeshWorld(device=device, mesh_capacity=1, max_distance=max_dist, sign_method=SignMethod.WINDING_NUMBER)
+    world.add_mesh("sheets", v, t)
+    cpu_world = world if device == "cpu" else MeshWorld(device="cpu", mesh_capacity=1, max_distance=max_dist,
+                                                        sign_method=SignMethod.WINDING_NUMBER)
+    if cpu_world is not world:
+        cpu_world.add_mesh("sheets", v, t)
+    mesh_id = int(cpu_world.snapshot().mesh_idx[0, 0])
+    meshes = [WarpWindingMesh(v, t, mesh_id=mesh_id)]
+    rng = np.random.default_rng(41 + sweep_steps)
+    b, h, n = 8, 8, 12
+    start = rng.uniform([-0.4, -0.4, 0.12], [0.4, 0.4, 0.7], size=(b, 1, n, 3))
+    walk = np.cumsum(rng.normal(scale=0.015, size=(b, h, n, 3)), axis=1)
+    walk[:, 0] = 0.0
+    radius = rng.uniform(0.02, 0.05, size=(b, h, n, 1))
+    s = np.concatenate([start + walk, radius], axis=-1)
+    c_ref, own, to_prev, to_next = ref.swept_sphere_partials(s, [meshes], ETA, 1.0, max_dist, sweep_steps)
+    g_ref = ref.swept_chain_rule(own, to_prev, to_next)
+    samples: list = []
+    ref.swept_sphere_partials(s, [[ref.RefMesh(v, t)]], ETA, 1.0, max_dist, sweep_steps, samples_out=samples)
+    pts = np.concatenate([s[..., :3].reshape(-1, 3), np.stack([q for _, q in samples])])
+    owner = np.concatenate([np.arange(s[..., 0].size), [np.ravel_multi_index(k, s.shape[:-1]) for k, _ in samples]])
+    # Left out: spheres with a point whose verdict float32 rounding could flip.
+    bad = warp_winding_inside(mesh_id, pts, 0.499) != warp_winding_inside(mesh_id, pts, 0.501)
+    mask = np.ones(s[..., 0].size, dtype=bool)
+    mask[owner[bad]] = False
+    mask = mask.reshape(s.shape[:-1])
+    # Costed far from the surface (only by being inside), and free ones too.
+    far = s[..., 2] - s[..., 3] - ETA > 0.05
+    assert mask.mean() > 0.9 and np.sum(mask & far & (c_ref > 0.05)) >= 50 and np.sum(mask & (c_ref == 0)) >= 50
+    _, cost, g, _ = run_swept(s, world.snapshot(), device, sweep_steps, max_dist=max_dist)
+    np.testing.assert_allclose(np_(cost)[mask], c_ref[mask], atol=COST_ATOL, rtol=1e-4)
+    np.testing.assert_allclose(np_(g[..., :3])[mask], g_ref[mask], atol=GRAD_ATOL, rtol=1e-4)
+
+
 def test_off_spheres_contribute_and_receive_nothing(device):
     """Step 1 of the middle trajectory is off: steps 0 and 2 lose that side (step 0 then has no
     side at all and pays its plain cost), and the off sphere gets no gradient."""

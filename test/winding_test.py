@@ -171,7 +171,7 @@ def _outside_kernel(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), searched: wp.
                     outside: wp.array(dtype=wp.int32)):
     i = wp.tid()
     data = sign_data.sign_data_offset(mesh)
-    outside[i] = wp.where(winding.open_winding_outside(mesh, data, pts[i], searched[i]), 1, 0)
+    outside[i] = wp.where(winding.open_winding_outside(mesh, data, pts[i], searched[i], 0.0), 1, 0)
 
 
 @pytest.mark.parametrize("name", ["open_cup", "open_bowl", "open_cup_flipped"])
@@ -199,6 +199,57 @@ def test_far_points_declared_outside_are_outside(name):
     exact = ref.winding_number(pts, v, t)
     assert np.all(exact[outside] < 0.5)
     assert outside[searched > size].mean() > 0.9 and (exact > 0.5).sum() > 10
+
+
+@wp.kernel
+def _escape_bound(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), spread: wp.array(dtype=float),
+                  out: wp.array(dtype=float)):
+    i = wp.tid()
+    out[i] = winding.rim_escape_bound(mesh, sign_data.sign_data_offset(mesh), pts[i], spread[i])
+
+
+@pytest.mark.parametrize("surface", ["sheet", "bowl", "cup", "kr10_link2_visual"])
+def test_rim_escape_bound_bounds_the_winding_number(surface):
+    """winding.rim_escape_bound(p, spread) bounds |w(q)| of the exact winding number at a random
+    point q within spread of each of 1,200 points p outside the surface's box (spread 0 to 0.9 of
+    p's distance to the box), and is finite there; it puts most of those with a spread below 0.2 of
+    that distance below 0.48 (outside), and on the sheet it is within 4x of |w| at its tightest
+    (so a bound 4x too small fails)."""
+    if surface == "kr10_link2_visual":
+        from bench import real_meshes
+        v, t = real_meshes.load(surface)
+        v = v.astype(np.float64)
+    else:
+        v, t = {"sheet": lambda: ref.sheet(0.6, 6), "bowl": open_bowl, "cup": corpus.open_cup}[surface]()
+    world = MeshWorld(device="cpu", mesh_capacity=1, sign_method=SignMethod.WINDING_NUMBER)
+    world.add_mesh("open", v, t)
+    snap = world.snapshot()
+    mesh_id, shift = int(snap.mesh_idx[0, 0]), snap.mesh_pose_inverse[0, 0, :3].numpy().astype(np.float64)
+    assert np.allclose(snap.mesh_pose_inverse[0, 0, 3:7].numpy(), [1, 0, 0, 0])  # a translation only
+    lo, hi = v.min(0), v.max(0)
+    size = float(np.ptp(v, 0).max())
+    rng = np.random.default_rng(21)
+    p = rng.uniform(lo - size, hi + size, size=(4000, 3))
+    gap = np.linalg.norm(np.maximum(np.maximum(lo - p, p - hi), 0.0), axis=1)
+    keep = gap > 1e-3 * size
+    p, gap = p[keep][:1200], gap[keep][:1200]
+    spread = rng.uniform(0.0, 0.9, size=len(p)) * gap
+    direction = rng.normal(size=p.shape)
+    q = p + direction / np.linalg.norm(direction, axis=1)[:, None] * (spread * rng.uniform(size=len(p)) ** (1 / 3))[:, None]
+    bound = wp.zeros(len(p), dtype=float, device="cpu")
+    wp.launch(_escape_bound, len(p), [wp.uint64(mesh_id), wp.array((p + shift).astype(np.float32), dtype=wp.vec3,
+                                                                    device="cpu"),
+                                      wp.array(spread.astype(np.float32), dtype=float, device="cpu"), bound],
+              device="cpu")
+    bound = bound.numpy().astype(np.float64)
+    exact = np.abs(ref.winding_number(q, v, t))
+    assert np.all(bound < float(UNBOUNDED))
+    assert np.all(exact <= bound), (surface, float((bound / np.maximum(exact, 1e-30)).min()))
+    near_p = spread < 0.2 * gap
+    assert (bound < 0.48)[near_p].mean() > 0.6, (surface, float((bound < 0.48)[near_p].mean()))
+    if surface == "sheet":
+        tightest = float((bound / np.maximum(exact, 1e-30)).min())
+        assert tightest < 4.0, tightest
 
 
 # ------------------------------------------------------------------------------ the rim bound

@@ -254,7 +254,7 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
             lo = box_lower(mesh, data)
             hi = box_upper(mesh, data)
             if winding and not is_closed(mesh, data):
-                if open_winding_outside(mesh, data, p, first):
+                if open_winding_outside(mesh, data, p, first, 0.0):
                     return found, sd, grad
             elif p[0] < lo[0] or p[1] < lo[1] or p[2] < lo[2] or p[0] > hi[0] or p[1] > hi[1] or p[2] > hi[2]:
                 return found, sd, grad

@@ -28,8 +28,9 @@ from robot_sdf.kernels.sign_data import SIGN_NORMAL, SIGN_WINDING_NUMBER, box_lo
 from robot_sdf.kernels.signed_distance import (REACH_MARGIN, REACH_SLACK, closed_inside_bound, deep_winding_inside,
                                                mesh_sign_method, mesh_signed_distance, out_of_reach, sign_is_closed,
                                                warp_tie_margin, winding_feature)
-from robot_sdf.kernels.winding import (WINDING_APPROXIMATION_ERROR, batched_winding_inside, open_winding_outside,
-                                       rim_settled_lanes, rim_slope, winding_clearance, winding_inside)
+from robot_sdf.kernels.winding import (WINDING_APPROXIMATION_ERROR, batched_winding_inside, box_gap,
+                                       open_winding_outside, rim_settled_lanes, rim_slope, winding_clearance,
+                                       winding_inside)
 
 wp.set_module_options({"enable_backward": False})
 
@@ -479,11 +480,13 @@ def open_swept_sign(mesh: wp.uint64, sign_method: int) -> bool:
 @wp.struct
 class RimShortcut:
     """open_swept_slot_cost's winding-number state of a step (open_centre_windings): p's verdict
-    once known (known, inside, clearance), the distance p_apart within which no surface lies, the
+    once known (known, inside, clearance), whether every point of the first traversal that found
+    nothing within its reach is outside by the far bounds (free_outside), the distance p_apart within which no surface lies, the
     rim slopes towards each neighbour, the lanes of the first traversal that take p's verdict
     (settled), those found inside, and p's closest feature (delta, dist, outward)."""
 
     known: bool
+    free_outside: bool
     inside: bool
     clearance: float
     apart: float
@@ -518,15 +521,22 @@ def open_centre_windings(mesh: wp.uint64, data: int, p: wp.vec3, seg_prev: wp.ve
         rim.dist = p_dist
         rim.outward = p_outward
         rim.apart = p_dist * 0.9999
-    if has_prev != 0:
-        rim.slope_prev = rim_slope(mesh, data, p, 0.5 * wp.length(seg_prev))
-    if has_next != 0:
-        rim.slope_next = rim_slope(mesh, data, p, 0.5 * wp.length(seg_next))
+    # Every point of the step lies within half the longer segment of p.
+    spread = 0.5 * wp.max(float(has_prev) * wp.length(seg_prev), float(has_next) * wp.length(seg_next))
+    rim.free_outside = open_winding_outside(mesh, data, p, reach_b, spread)
+    # Samples whose verdict p's may give: those found near a surface, and every one unless the far
+    # bounds declare those that found nothing outside.
     wanted = found_lanes
-    if p_face >= 0 or not open_winding_outside(mesh, data, p, reach_b):
+    if p_face >= 0 or not rim.free_outside:
         wanted = -1
-    if rim_settled_lanes(has_prev * n_first, has_next * n_first, wp.length(seg_prev), wp.length(seg_next), inv_2k,
-                         rim.apart, rim.slope_prev, rim.slope_next, 0.5) & wanted & ~1 != 0:
+    if wanted & ~1 != 0:
+        if has_prev != 0:
+            rim.slope_prev = rim_slope(mesh, data, p, 0.5 * wp.length(seg_prev))
+        if has_next != 0:
+            rim.slope_next = rim_slope(mesh, data, p, 0.5 * wp.length(seg_next))
+    if wanted & ~1 != 0 and rim_settled_lanes(has_prev * n_first, has_next * n_first, wp.length(seg_prev),
+                                              wp.length(seg_next), inv_2k, rim.apart, rim.slope_prev,
+                                              rim.slope_next, 0.5) & wanted & ~1 != 0:
         p_inside, p_clearance = winding_clearance(mesh, p)
         rim.inside = p_inside
         rim.clearance = p_clearance
@@ -614,6 +624,10 @@ def open_point(mesh: wp.uint64, cull_radius: float, sign_method: int, q: wp.vec3
     elif as_p and not rim.inside:
         # Outside and nothing within r + eta: no cost, as mesh_signed_distance would find.
         found = 0
+    elif winding and not in_side_batch and rim.free_outside:
+        # The first traversal searched q within its reach (r + eta and a margin) and found
+        # nothing, and the far bounds declare such points of the step outside: no cost.
+        found = 0
     else:
         search = bound
         if last_abs >= 0.0:
@@ -671,6 +685,11 @@ def open_swept_slot_cost(
         return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
     winding = method == SIGN_WINDING_NUMBER and data >= 0
     reach = wp.where(winding, reach_b * REACH_MARGIN + REACH_SLACK, bound)
+    if winding and box_gap(box_lower(mesh, data), box_upper(mesh, data), p) - half_len > reach:
+        # No point of the step has a surface within its reach, so each costs only if inside: where
+        # the far bounds declare them all outside, the step costs nothing on this mesh.
+        if open_winding_outside(mesh, data, p, reach, half_len):
+            return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
     inv_2k = 1.0 / (2.0 * float(sweep_steps))
     n_first = wp.min(sweep_steps, SWEPT_SIDE_BATCH)
     batch = vec16()

@@ -4,7 +4,8 @@ Warp's fast winding number (native.winding_number) is evaluated in tiers: a coar
 whose verdict stands where it is clear of the 1/2 threshold by its margin, then Warp's default
 accuracy, which always decides (winding_inside, winding_clearance; batched_winding_inside for the
 points of one swept step in shared traversals). Far from a surface the bounds of the sign data
-decide without evaluating it (open_winding_outside), and along a swept step the rim chunks bound
+decide without evaluating it (open_winding_outside: the surface's area, and outside its box the
+rim, rim_escape_bound), and along a swept step the rim chunks bound
 how fast the exact winding number can change (rim_slope, rim_settled_lanes: the rim shortcut,
 docs/sign_methods.md "Swept samples on open surfaces"). Points are mesh-frame, lengths in m.
 """
@@ -114,16 +115,49 @@ def batched_winding_inside(mesh: wp.uint64, p: wp.vec3, seg_prev: wp.vec3, seg_n
 
 
 @wp.func
-def open_winding_outside(mesh: wp.uint64, data: int, p: wp.vec3, searched: float) -> bool:
-    """Whether mesh-frame p, with no surface of the mesh within ``searched``, is outside by the
-    bounds of the exact winding number of a surface that is not closed (its winding number may
-    pass 0.5 outside its box): beyond the winding radius, or |w| <= A / (4 pi d^2) < 1/2 with d
-    the distance to the surface, at least ``searched`` and at least the distance to the box."""
-    if wp.length(p) > winding_radius(mesh, data):
+def box_gap(lower: wp.vec3, upper: wp.vec3, p: wp.vec3) -> float:
+    """Distance (m) from p to the axis-aligned box [lower, upper] (0 inside)."""
+    return wp.length(wp.max(wp.max(lower - p, p - upper), wp.vec3(0.0, 0.0, 0.0)))
+
+
+@wp.func
+def rim_escape_bound(mesh: wp.uint64, data: int, p: wp.vec3, spread: float) -> float:
+    """A bound on |w(q)| of the exact winding number at every point q within ``spread`` of
+    mesh-frame p, where they all lie outside the mesh's box, by the rim chunks
+    (robot_sdf.mesh_analysis module docstring, "Rim"); UNBOUNDED where some may not.
+
+    The ray from q straight away from the box (from the box's closest point through q) never meets
+    the surface, and w is 0 at its far end, so |w(q)| is at most the integral of the rim's bound
+    on |grad w| along it. At distance s along the ray a chunk's box is at least max(g_c - s,
+    g + s) away (g_c its distance from q, g the mesh box's, which holds the chunk's box), so chunk
+    c adds at most length_c / (4 pi) * (4 / (g_c + g) - 1 / g_c), which falls as either distance
+    grows: p's distances less ``spread`` bound it for every q."""
+    gap = box_gap(box_lower(mesh, data), box_upper(mesh, data), p) - spread
+    if gap <= 0.0:
+        return UNBOUNDED
+    total = float(0.0)
+    for c in range(rim_chunk_count(mesh, data)):
+        row = rim_chunk_row(mesh, data, c)
+        chunk_gap = wp.max(gap, box_gap(rim_chunk_lower(mesh, row), rim_chunk_upper(mesh, row), p) - spread)
+        total += rim_chunk_length(mesh, row) * (4.0 / (chunk_gap + gap) - 1.0 / chunk_gap)
+    # float32 rounding of the sum and the distances: far below the margin it is compared with.
+    return total * (1.0001 / (4.0 * wp.pi))
+
+
+@wp.func
+def open_winding_outside(mesh: wp.uint64, data: int, p: wp.vec3, searched: float, spread: float) -> bool:
+    """Whether every point q within ``spread`` of mesh-frame p that has no surface of the mesh
+    within ``searched`` is outside (spread 0: p itself), by the bounds of the exact winding number
+    of a surface that is not closed (its winding number may pass 0.5 outside its box): beyond the
+    winding radius; |w(q)| <= A / (4 pi d^2) < 1/2 with d q's distance to the surface, at least
+    ``searched`` and at least its distance to the box; or, outside the box, rim_escape_bound below
+    1/2 by WINDING_APPROXIMATION_ERROR (so that Warp's winding number says outside too)."""
+    if wp.length(p) - spread > winding_radius(mesh, data):
         return True
-    gap = wp.length(wp.max(wp.max(box_lower(mesh, data) - p, p - box_upper(mesh, data)), wp.vec3(0.0, 0.0, 0.0)))
-    far = wp.max(searched, gap)
-    return surface_area(mesh, data) < 2.0 * wp.pi * far * far
+    far = wp.max(searched, box_gap(box_lower(mesh, data), box_upper(mesh, data), p) - spread)
+    if surface_area(mesh, data) < 2.0 * wp.pi * far * far:
+        return True
+    return rim_escape_bound(mesh, data, p, spread) < WINDING_THRESHOLD - WINDING_APPROXIMATION_ERROR
 
 
 @wp.func
@@ -134,8 +168,7 @@ def rim_slope(mesh: wp.uint64, data: int, p: wp.vec3, reach: float) -> float:
     total = float(0.0)
     for c in range(rim_chunk_count(mesh, data)):
         row = rim_chunk_row(mesh, data, c)
-        gap = wp.length(wp.max(wp.max(rim_chunk_lower(mesh, row) - p, p - rim_chunk_upper(mesh, row)),
-                               wp.vec3(0.0, 0.0, 0.0))) - reach
+        gap = box_gap(rim_chunk_lower(mesh, row), rim_chunk_upper(mesh, row), p) - reach
         if gap <= 0.0:
             return UNBOUNDED
         total += rim_chunk_length(mesh, row) / (gap * gap)
