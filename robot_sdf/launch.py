@@ -93,9 +93,24 @@ def warp_device(device: torch.device):
             if wdev.alias not in _loaded_devices:
                 for module in _KERNEL_MODULES:
                     wp.load_module(module, device=wdev)
+                    _loaded_modules.add((module, wdev.alias))
                 _loaded_devices.add(wdev.alias)
     _warp_devices[device] = wdev  # only once its modules are loaded
     return wdev
+
+
+# (Warp module name, device alias) of the modules loaded through warp_device or _load_module.
+_loaded_modules: set[tuple[str, str]] = set()
+
+
+def _load_module(module, wdev) -> None:
+    """Load a Warp module holding a kernel that launch_kernel is given for the first time on a
+    device (a caller's own kernel, not one of robot_sdf's): under the lock, before any pool
+    thread records a launch of it (two threads loading one module at once crash Warp)."""
+    with _load_lock:
+        if (module.name, wdev.alias) not in _loaded_modules:
+            wp.load_module(module.name, device=wdev)
+            _loaded_modules.add((module.name, wdev.alias))
 
 
 def torch_stream(device: torch.device) -> wp.Stream:
@@ -288,6 +303,8 @@ def launch_kernel(kernel, total: int, inputs_before_range: list, outputs: list, 
     if total == 0:
         return
     wdev = warp_device(device)
+    if (kernel.module.name, wdev.alias) not in _loaded_modules:
+        _load_module(kernel.module, wdev)
     if device.type == "cuda":
         _replay(kernel, wdev, total, [*inputs_before_range, 0, total, *outputs], torch_stream(device))
         return

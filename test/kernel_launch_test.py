@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import reference as ref
 from conftest import build_warp_env
@@ -93,3 +94,35 @@ def test_pool_threads_keep_launches_of_their_own(monkeypatch, fresh_launches):
     for i in range(len(records)):
         for j in range(i + 1, len(records)):
             assert not records[i] & records[j]
+
+
+def test_a_kernel_new_to_the_device_is_loaded_before_the_pool_runs_it(monkeypatch, fresh_launches):
+    """A kernel of a module nothing has loaded yet (a caller's own, such as the cuRobo-style
+    benchmark kernels), launched large enough to be split: both pool threads record their first
+    launch of it at once (held at a barrier), and Warp must not load the module from both (that
+    crashed the process)."""
+    import threading
+
+    import warp as wp
+
+    @wp.kernel(module="unique")
+    def scaled(values: wp.array(dtype=float), factor: float, start: int, total: int, out: wp.array(dtype=float)):
+        tid = wp.tid() + start
+        if tid < total:
+            out[tid] = values[tid] * factor
+
+    real_replay = launch._replay
+    both = threading.Barrier(2, timeout=60)
+
+    def replay(kernel, wdev, total, args, stream=None):
+        if threading.current_thread().name.startswith("robot_sdf_warp"):
+            both.wait()
+        real_replay(kernel, wdev, total, args, stream)
+
+    monkeypatch.setattr(launch, "_replay", replay)
+    monkeypatch.setenv("ROBOT_SDF_CPU_THREADS", "2")
+    values = torch.arange(4 * launch._CPU_MIN_SPHERES_PER_THREAD, dtype=torch.float32)
+    out = torch.zeros_like(values)
+    launch.launch_kernel(scaled, values.numel(), [launch.descriptor(values), 3.0], [launch.descriptor(out)],
+                         torch.device("cpu"))
+    np.testing.assert_array_equal(out.numpy(), values.numpy() * 3.0)
