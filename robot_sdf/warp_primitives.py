@@ -41,10 +41,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import warp as wp
 
 from robot_sdf import _internals, kernels
-from robot_sdf.launch import argument_positions, descriptor, direct_cpu_call, flat_descriptor, launch_kernel
+from robot_sdf.launch import argument_positions, direct_cpu_call, flat_descriptor, launch_kernel
 from robot_sdf.types import SignMethod, WorldSnapshot
 from robot_sdf.world_args import constant_arguments, env_descriptor, env_tensor, scalar_descriptor
 

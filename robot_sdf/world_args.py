@@ -267,12 +267,6 @@ def env_descriptor(env: torch.Tensor, use: int):
     return owning_descriptor(env)
 
 
-def env_query(env_query_idx, batch: int, device: torch.device):
-    """(env_descriptor, whether it is used) for env_query_idx."""
-    env, use = env_tensor(env_query_idx, batch, device)
-    return env_descriptor(env, use), use
-
-
 # Launch arguments that callers keep across calls: the three scalar tensors and the World (the
 # four world tensors, the sign arguments, the slot BVHs), validated and converted together once
 # per set of tensors (keyed by identities, checked against every tensor as _cached does).
