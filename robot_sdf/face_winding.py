@@ -20,9 +20,17 @@ by four faces, shells touching at a corner) gets FACE_INTERIOR_SETTLED: its wind
 for a point whose closest point lies inside the face, where the side is the face's normal's, and
 for a ray's hit clear of its edges, not for one whose closest feature is an edge or a corner.
 Elsewhere 0 (the kernels then evaluate the winding number). Rows for
-robot_sdf.kernels.sign_data (its face rows), kernel frame, metres. An open surface gets none:
-its winding number varies off the surface, and evaluating it beside every face cost seconds per
-scan (59k triangles: 1.9 s) for a verdict the rim would leave open near most of a scan anyway.
+robot_sdf.kernels.sign_data (its face rows), kernel frame, metres.
+
+On an open surface the winding number varies off the surface, but only as fast as the rim lets it
+(robot_sdf.mesh_analysis, "Rim"). open_face_rows evaluates it beside each face (not crossed, not
+degenerate, its two sides one apart within the winding number's approximation error), at a point
+a fiftieth of the face's size off its centroid, and marks the row FACE_OPEN: a point whose closest
+point or ray hit lies inside the face takes the row's verdict where the rim bound over the way
+there cannot carry the winding number across 1/2 (kernels.winding.settled_winding_inside). Two
+winding numbers per face at add: 0.2-0.5 s for the 13k-20k-triangle open CAD meshes of the
+benchmark (one thread, 2-core AMD EPYC; 0.03-0.05 s without); a surface of more than OPEN_ROWS_MAX_TRIANGLES triangles (a perception scan, added
+again and again) gets none.
 """
 from __future__ import annotations
 
@@ -32,7 +40,8 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
 from robot_sdf.kernels.native import winding_number
-from robot_sdf.kernels.sign_data import FACE_INTERIOR_SETTLED, FACE_SETTLED, face_rows_start
+from robot_sdf.kernels.sign_data import FACE_INTERIOR_SETTLED, FACE_OPEN, FACE_SETTLED, face_rows_start
+from robot_sdf.kernels.winding import WINDING_APPROXIMATION_ERROR
 
 wp.set_module_options({"enable_backward": False})
 
@@ -46,6 +55,13 @@ MIN_OFFSET = 1.0e-6
 # A face whose winding numbers on its two sides do not differ by 1 within this tolerance lies on
 # another surface (a duplicate, a reversed twin, an overlap): not settled.
 JUMP_TOLERANCE = 0.25
+# Open surfaces: the evaluation points lie this fraction of a face's reach (centroid to farthest
+# corner) off its centroid. Nearer, float32 rounding of the face's own solid angle grows (Warp's
+# value 0.05 from the exact one at 1e-3 of a face's size on kr10_link2_visual; at 0.02 of its
+# reach within 0.005 on the benchmark's three open CAD meshes, 600 faces each).
+OPEN_RELATIVE_OFFSET = 0.02
+# Open surfaces with more triangles get no rows (module docstring).
+OPEN_ROWS_MAX_TRIANGLES = 30_000
 
 
 @wp.kernel
@@ -56,6 +72,18 @@ def _side_winding_kernel(mesh: wp.uint64, points: wp.array(dtype=wp.vec3), accur
     out[i] = winding_number(mesh, p, accuracy)
     q = wp.mesh_query_point_no_sign(mesh, p, 1.0e6)
     nearest[i] = wp.length(p - wp.mesh_eval_position(mesh, q.face, q.u, q.v))
+
+
+def _side_windings(mesh: wp.Mesh, probes: np.ndarray) -> tuple:
+    """(Warp's winding number at each of probes (N,3) float32, kernel frame, at ACCURACY; the
+    distance from each to the surface): numpy float32 arrays."""
+    device = mesh.points.device
+    values = wp.empty(probes.shape[0], dtype=wp.float32, device=device)
+    nearest = wp.empty(probes.shape[0], dtype=wp.float32, device=device)
+    wp.launch(_side_winding_kernel, dim=probes.shape[0],
+              inputs=[mesh.id, wp.array(probes, dtype=wp.vec3, device=device), ACCURACY],
+              outputs=[values, nearest], device=device)
+    return values.numpy(), nearest.numpy()
 
 
 @wp.func
@@ -113,7 +141,6 @@ def face_rows(mesh: wp.Mesh, points: np.ndarray, welded_corner: np.ndarray, edge
     its vertices; ``welded_corner`` (3T,) welded vertex of corner k of face f at 3 f + k;
     ``edge_of_corner`` (3T,) undirected welded edge (corners k, k + 1) of face f at 3 f + k, of
     ``n_edges``."""
-    device = mesh.points.device
     v64 = np.asarray(points, np.float64).reshape(-1, 3)
     tri = mesh.indices.numpy().reshape(-1, 3).astype(np.int64)
     n_faces = tri.shape[0]
@@ -158,15 +185,11 @@ def face_rows(mesh: wp.Mesh, points: np.ndarray, welded_corner: np.ndarray, edge
     outer = np.zeros(n_faces)
     inner = np.zeros(n_faces)
     if probes.shape[0]:
-        values = wp.empty(probes.shape[0], dtype=wp.float32, device=device)
-        nearest = wp.empty(probes.shape[0], dtype=wp.float32, device=device)
-        wp.launch(_side_winding_kernel, dim=probes.shape[0],
-                  inputs=[mesh.id, wp.array(probes, dtype=wp.vec3, device=device), ACCURACY],
-                  outputs=[values, nearest], device=device)
-        w = values.numpy().astype(np.float64)
+        values, nearest = _side_windings(mesh, probes)
+        w = values.astype(np.float64)
         # A probe nearer to another surface than to its face (a thin part around the face) would
         # read that surface's winding number too, on both sides alike: its patch is not settled.
-        clear = (nearest.numpy().reshape(2, -1) >= 0.5 * np.linalg.norm(offset, axis=1)).all(axis=0)
+        clear = (nearest.reshape(2, -1) >= 0.5 * np.linalg.norm(offset, axis=1)).all(axis=0)
         w[:probe_faces.shape[0]][~clear] = np.nan
         # Each face takes its patch's values.
         by_patch_outer = np.zeros(n_faces)
@@ -206,6 +229,40 @@ def face_rows(mesh: wp.Mesh, points: np.ndarray, welded_corner: np.ndarray, edge
     return rows
 
 
+def open_face_rows(mesh: wp.Mesh, points: np.ndarray, welded_corner: np.ndarray) -> np.ndarray:
+    """(T, 3) float32 rows (w_out, reach, FACE_OPEN or 0) of an open surface (module docstring):
+    the winding number at OPEN_RELATIVE_OFFSET of the face's reach off its centroid on its outer
+    side, and the face's reach plus that offset. Arguments as for face_rows."""
+    v64 = np.asarray(points, np.float64).reshape(-1, 3)
+    tri = mesh.indices.numpy().reshape(-1, 3).astype(np.int64)
+    rows = np.zeros((tri.shape[0], 3), np.float32)
+    if tri.shape[0] == 0:
+        return rows
+    corners = v64[tri]
+    centroid = corners.mean(axis=1)
+    reach = np.sqrt(((corners - centroid[:, None, :]) ** 2).sum(-1).max(axis=1))
+    normal = np.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0])
+    area2 = np.linalg.norm(normal, axis=1)
+    longest2 = max(float((np.ptp(v64, axis=0) ** 2).sum()), 1.0e-30)
+    good = np.flatnonzero((area2 > 1.0e-12 * longest2) & ~_crossed(mesh, tri, welded_corner))
+    offset = np.maximum(OPEN_RELATIVE_OFFSET * reach[good], MIN_OFFSET)
+    step = offset[:, None] * normal[good] / area2[good, None]
+    probes = np.concatenate([centroid[good] + step, centroid[good] - step]).astype(np.float32)
+    if probes.shape[0]:
+        values, nearest = _side_windings(mesh, probes)
+        outer, inner = values.astype(np.float64).reshape(2, -1)
+        # As for closed surfaces: a point nearer another surface than its face, or two sides not one
+        # apart, say that another surface lies there.
+        clear = (nearest.reshape(2, -1) >= 0.5 * offset).all(axis=0)
+        settled = clear & (np.abs(inner - outer - 1.0) < float(WINDING_APPROXIMATION_ERROR))
+        rows[good, 0] = outer.astype(np.float32)
+        # The way from a point inside the face to the evaluation point: along the face to the
+        # centroid, then off it (a straight line could pass over something lying on the face).
+        rows[good, 1] = ((reach[good] + offset) * (1.0 + 1.0e-5) + 1.0e-7).astype(np.float32)
+        rows[good, 2] = np.where(settled, float(FACE_OPEN), 0.0)
+    return rows
+
+
 def _crossed(mesh: wp.Mesh, tri: np.ndarray, welded_corner: np.ndarray) -> np.ndarray:
     """(T,) bool: faces crossed by an edge of a face that shares no welded vertex with them, and
     the faces of such edges."""
@@ -224,14 +281,18 @@ def _crossed(mesh: wp.Mesh, tri: np.ndarray, welded_corner: np.ndarray) -> np.nd
 
 
 def write_face_rows(mesh: wp.Mesh, velocities: wp.array, points: np.ndarray, topology) -> np.ndarray | None:
-    """face_rows of ``mesh`` written into its sign data ``velocities`` (the array the mesh was
-    built with, robot_sdf.kernels.sign_data's face rows) when the surface is closed; ``topology``:
-    the geometry's mesh_analysis.SignTopology. Returns the rows (None for an open surface: its
-    rows stay 0, nothing settled)."""
-    if not topology.balanced:
-        return None
+    """face_rows (a closed surface) or open_face_rows (an open one) of ``mesh`` written into its
+    sign data ``velocities`` (the array the mesh was built with, robot_sdf.kernels.sign_data's face
+    rows); ``topology``: the geometry's mesh_analysis.SignTopology. Returns the rows (None for an
+    open surface of more than OPEN_ROWS_MAX_TRIANGLES triangles: its rows stay 0, nothing
+    settled)."""
     n_faces = mesh.indices.shape[0] // 3
-    rows = face_rows(mesh, points, topology.welded_corner, topology.edge_of_corner, topology.n_edges)
+    if topology.balanced:
+        rows = face_rows(mesh, points, topology.welded_corner, topology.edge_of_corner, topology.n_edges)
+    elif n_faces <= OPEN_ROWS_MAX_TRIANGLES:
+        rows = open_face_rows(mesh, points, topology.welded_corner)
+    else:
+        return None
     if n_faces:
         start = face_rows_start(mesh.points.shape[0], n_faces)
         velocities[start:start + n_faces].assign(wp.array(rows, dtype=wp.vec3, device=velocities.device))

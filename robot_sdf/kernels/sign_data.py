@@ -12,13 +12,14 @@ with B = V + 4T + 3K the row of the mesh's box (``data`` in the accessors, from 
     [V, V + 3T)         pseudo-normal of edge k of triangle f at V + 3 f + k; edge k joins corners
                         k and (k + 1) % 3 (normalised sum of the normals of the triangles on it)
     [V + 3T, V + 4T)    face row of triangle f at V + 3T + f: (winding number on its outer side,
-                        distance from its centroid to its farthest corner, FACE_SETTLED where the
-                        sign may be taken from any closest feature on it, FACE_INTERIOR_SETTLED
-                        where only from a point inside the face (a closest point in its interior,
-                        a ray's hit clear of its edges), 0 where from none) (robot_sdf.face_winding;
-                        all 0, nothing settled, until the owner writes them, and again after a
-                        refit; the distance is read by no kernel yet: it bounds the face for a
-                        per-face cull)
+                        distance from its centroid to its farthest corner (FACE_OPEN: plus the
+                        offset of the point it was evaluated at), FACE_SETTLED where the sign may
+                        be taken from any closest feature on it, FACE_INTERIOR_SETTLED where only
+                        from a point inside the face (a closest point in its interior, a ray's
+                        hit clear of its edges), FACE_OPEN where from such a point of an open
+                        surface as far as the rim allows, 0 where from none)
+                        (robot_sdf.face_winding; all 0, nothing settled, until the owner writes
+                        them, and again after a refit)
     V + 4T + 3c + RIM_LOWER   lower corner of the box of rim chunk c, c < K
     V + 4T + 3c + RIM_UPPER   upper corner
     V + 4T + 3c + RIM_LENGTH  (length of the chunk's rim edges, each times its multiplicity, 0, 0)
@@ -218,13 +219,18 @@ def vertex_normal(mesh: wp.uint64, vertex: int) -> wp.vec3:
 # only for a point whose closest point or ray hit lies inside the face.
 FACE_SETTLED = wp.constant(1.0)
 FACE_INTERIOR_SETTLED = wp.constant(2.0)
+# A face of an open surface: its first column is the winding number just off its outer side,
+# which holds for a point whose closest point or ray hit lies inside the face only as far as the
+# rim lets the winding number change on the way there (kernels.winding.settled_winding_inside).
+FACE_OPEN = wp.constant(3.0)
 
 
 @wp.func
 def face_winding(mesh: wp.uint64, face: int) -> wp.vec3:
     """Face row of triangle ``face``: (winding number on its outer side, distance (m) from its
-    centroid to its farthest corner, FACE_SETTLED, FACE_INTERIOR_SETTLED or 0: from which points
-    the sign may be taken from the row (robot_sdf.face_winding))."""
+    centroid to its farthest corner (FACE_OPEN: plus the offset of its evaluation point),
+    FACE_SETTLED, FACE_INTERIOR_SETTLED, FACE_OPEN or 0: from which points the sign may be taken
+    from the row (robot_sdf.face_winding))."""
     m = wp.mesh_get(mesh)
     return m.velocities[m.points.shape[0] + m.indices.shape[0] + face]
 

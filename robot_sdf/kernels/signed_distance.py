@@ -145,7 +145,8 @@ def ray_winding_inside(mesh: wp.uint64, data: int, p: wp.vec3) -> int:
     facing = wp.dot(INSIDE_RAY, ray_n)
     if wp.abs(facing) < 1.0e-3 or wp.min(wp.min(bu, bv), 1.0 - bu - bv) <= EDGE_MARGIN:
         return -1  # grazing, or on an edge where either face may be reported: the side is not clear
-    return settled_winding_inside(mesh, ray_face, facing > 0.0, True)
+    # The hit's distance, rounded up (INSIDE_RAY is a unit vector to float32 rounding).
+    return settled_winding_inside(mesh, data, ray_face, facing > 0.0, True, p, t_hit * 1.001 + 1.0e-6)
 
 
 @wp.func
@@ -159,12 +160,12 @@ def deep_winding_inside(mesh: wp.uint64, data: int, p: wp.vec3) -> bool:
 
 
 @wp.func
-def winding_feature(mesh: wp.uint64, p: wp.vec3, face: int):
-    """closest_feature of a point of a winding-regime mesh (with robot_sdf's sign data) from its
-    closest triangle, signed by the winding number: from the face row of that triangle where it
-    settles it (robot_sdf.face_winding), else Warp's winding number."""
+def winding_feature(mesh: wp.uint64, data: int, p: wp.vec3, face: int):
+    """closest_feature of a point of a winding-regime mesh (with robot_sdf's sign data at
+    ``data``) from its closest triangle, signed by the winding number: from the face row of that
+    triangle where it settles it (robot_sdf.face_winding), else Warp's winding number."""
     delta, dist, side, outward, closest, feature = closest_feature_face(mesh, p, face, 1.0, True)
-    verdict = settled_winding_inside(mesh, closest, side < 0.0, feature == 0)
+    verdict = settled_winding_inside(mesh, data, closest, side < 0.0, feature == 0, p, dist)
     if verdict < 0:
         verdict = wp.where(winding_inside(mesh, p), 1, 0)
     return delta, dist, wp.where(verdict == 1, -1.0, 1.0), outward
@@ -297,7 +298,7 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     dist = float(0.0)
     outward = wp.vec3(0.0, 0.0, 0.0)
     if winding and not deep:
-        delta, dist, inside, outward = winding_feature(mesh, p, face)
+        delta, dist, inside, outward = winding_feature(mesh, data, p, face)
     else:
         delta, dist, inside, outward = closest_feature(mesh, p, face, inside, pseudo)
     if deep and inside >= 0.0:

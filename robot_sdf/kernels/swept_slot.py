@@ -73,11 +73,12 @@ def side_bit(k: int) -> int:
 
 
 @wp.func
-def batched_feature(mesh: wp.uint64, q: wp.vec3, face: int, winding: bool):
+def batched_feature(mesh: wp.uint64, data: int, q: wp.vec3, face: int, winding: bool):
     """closest_feature of a point whose closest triangle a shared traversal found, signed by the
-    pseudo-normal, or on a winding-number mesh by its winding number at q (winding_feature)."""
+    pseudo-normal, or on a winding-number mesh (sign data at ``data``) by its winding number at q
+    (winding_feature)."""
     if winding:
-        return winding_feature(mesh, q, face)
+        return winding_feature(mesh, data, q, face)
     return closest_feature(mesh, q, face, 1.0, True)
 
 
@@ -181,7 +182,7 @@ def swept_centre(mesh: wp.uint64, cull_radius: float, sign_method: int, p: wp.ve
                                             has_slivers(mesh, data))
         face = face_of(batches.first[0])
         if face >= 0:
-            d_vec, dist, inside, outward = batched_feature(mesh, p, face, winding)
+            d_vec, dist, inside, outward = batched_feature(mesh, data, p, face, winding)
             sd, grad_sd = signed_result(d_vec, dist, inside, outward)
             found = 1
         else:
@@ -289,7 +290,7 @@ def batched_sample(mesh: wp.uint64, p: wp.vec3, q: wp.vec3, seg_prev: wp.vec3, s
     grad_k = wp.vec3(0.0, 0.0, 0.0)
     full = bool(True)
     if face >= 0:
-        d_vec, dist, inside, outward = batched_feature(mesh, q, face, winding)
+        d_vec, dist, inside, outward = batched_feature(mesh, data, q, face, winding)
         sd_k, grad_k = signed_result(d_vec, dist, inside, outward)
         found_k = 1
         full = False

@@ -15,7 +15,7 @@ import warp as wp
 
 from robot_sdf.kernels.closest_point import UNBOUNDED
 from robot_sdf.kernels.native import mesh_winding_numbers, winding_number
-from robot_sdf.kernels.sign_data import (FACE_INTERIOR_SETTLED, box_lower, box_upper, face_winding,
+from robot_sdf.kernels.sign_data import (FACE_OPEN, FACE_SETTLED, box_lower, box_upper, face_winding,
                                          rim_chunk_count, rim_chunk_length,
                                          rim_chunk_lower, rim_chunk_row, rim_chunk_upper, surface_area,
                                          winding_radius)
@@ -197,16 +197,29 @@ def rim_settled_lanes(n_prev: int, n_next: int, len_prev: float, len_next: float
 
 
 @wp.func
-def settled_winding_inside(mesh: wp.uint64, face: int, inner: bool, interior: bool) -> int:
-    """The winding-number verdict of a point from the face row of ``face``, the triangle holding
-    its closest surface point or the first one a ray from it meets (``inner``: the point is on the
-    inner side of it, by the pseudo-normal of the closest feature or the ray's direction;
-    ``interior``: that closest point or hit lies inside the face, not on an edge or corner): 1
-    inside, 0 outside, -1 where the row does not settle it (robot_sdf.face_winding: rows are
-    written for closed surfaces only, whose winding number is the face's outer one, +1 on its
-    inner side, all the way to the point; a face whose corners' fans are not clean settles
-    interior points only)."""
+def settled_winding_inside(mesh: wp.uint64, data: int, face: int, inner: bool, interior: bool, p: wp.vec3,
+                           distance: float) -> int:
+    """The winding-number verdict of mesh-frame p from the face row of ``face``, the triangle
+    holding its closest surface point or the first one a ray from it meets, ``distance`` (m) away
+    with nothing between (``inner``: p is on the inner side of it, by the pseudo-normal of the
+    closest feature or the ray's direction; ``interior``: that closest point or hit lies inside
+    the face, not on an edge or corner): 1 inside, 0 outside, -1 where the row does not settle it
+    (robot_sdf.face_winding).
+
+    On a closed surface the row's outer winding number (+1 on the inner side) holds all the way to
+    p (a face whose corners' fans are not clean: for interior points only). On an open surface
+    (FACE_OPEN, interior points only) the path from p to the face and along it to where the row was
+    evaluated stays within distance + the row's reach of p, where the rim bounds |grad w|
+    (rim_slope): the row holds where it is clear of 1/2 by that change, plus three times
+    WINDING_APPROXIMATION_ERROR (Warp's value at p, at the row's point, and the inner side's one
+    jump taken as 1)."""
     row = face_winding(mesh, face)
-    if row[2] == 0.0 or (row[2] == FACE_INTERIOR_SETTLED and not interior):
+    if row[2] == 0.0 or (row[2] != FACE_SETTLED and not interior):
         return -1
-    return wp.where(row[0] + wp.where(inner, 1.0, 0.0) > WINDING_THRESHOLD, 1, 0)
+    w = row[0] + wp.where(inner, 1.0, 0.0)
+    if row[2] == FACE_OPEN:
+        reach = distance + row[1]
+        margin = rim_slope(mesh, data, p, reach) * reach + 3.0 * WINDING_APPROXIMATION_ERROR
+        if wp.abs(w - WINDING_THRESHOLD) <= margin:
+            return -1
+    return wp.where(w > WINDING_THRESHOLD, 1, 0)
