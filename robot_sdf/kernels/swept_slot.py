@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import warp as wp
 
-from robot_sdf.kernels.closest_point import UNBOUNDED, closest_feature, signed_result
+from robot_sdf.kernels.closest_point import UNBOUNDED, closest_feature, closest_feature_face, signed_result
 from robot_sdf.kernels.native import (SWEPT_BATCH, SWEPT_SIDE_BATCH, face_of, mesh_closest_points, vec16,
                                       warp_inside)
 from robot_sdf.kernels.sign_data import SIGN_NORMAL, SIGN_WINDING_NUMBER, box_lower, box_upper, has_slivers
@@ -29,8 +29,8 @@ from robot_sdf.kernels.signed_distance import (REACH_MARGIN, REACH_SLACK, closed
                                                mesh_sign_method, mesh_signed_distance, out_of_reach, sign_is_closed,
                                                warp_tie_margin, winding_feature)
 from robot_sdf.kernels.winding import (WINDING_APPROXIMATION_ERROR, batched_winding_inside, box_gap,
-                                       open_winding_outside, rim_settled_lanes, rim_slope, winding_clearance,
-                                       winding_inside)
+                                       open_winding_outside, rim_settled_lanes, rim_slope, settled_winding_inside,
+                                       winding_clearance, winding_inside)
 
 wp.set_module_options({"enable_backward": False})
 
@@ -506,8 +506,9 @@ def open_centre_windings(mesh: wp.uint64, data: int, p: wp.vec3, seg_prev: wp.ve
                          batch: vec16) -> RimShortcut:
     """The winding numbers of the points the first traversal found (p, then up to n_first samples
     a side), in shared traversals too (batched_winding_inside), except where the rim shortcut
-    (rim_settled_lanes) gives a sample p's verdict; p's own winding number is evaluated only where
-    it may settle a sample (a clearance above 1/2 needs nested surfaces)."""
+    (rim_settled_lanes) gives a sample p's verdict or the face row of a point's closest face
+    settles it (settled_winding_inside); p's own winding number is evaluated only where it may
+    settle a sample (a clearance above 1/2 needs nested surfaces)."""
     rim = RimShortcut()
     found_lanes = int(0)
     for j in range(16):
@@ -546,8 +547,25 @@ def open_centre_windings(mesh: wp.uint64, data: int, p: wp.vec3, seg_prev: wp.ve
                                         wp.length(seg_next), inv_2k, rim.apart, rim.slope_prev, rim.slope_next,
                                         rim.clearance) | 1
         found_lanes = found_lanes & ~rim.settled
-    rim.inside_lanes = batched_winding_inside(mesh, p, seg_prev, seg_next, inv_2k, has_prev * n_first,
-                                              has_next * n_first, found_lanes)
+    # Found points whose closest face's row settles them (settled_winding_inside) need no winding
+    # number. A loop of variable length: Warp would unroll a fixed one 16 times.
+    n_prev = has_prev * n_first
+    row_inside = int(0)
+    for j in range(1 + n_prev + has_next * n_first):
+        bit = 1 << j
+        if (found_lanes & bit) != 0:
+            q = p
+            if j > 0:
+                on_prev = j <= n_prev
+                q = p + wp.where(on_prev, seg_prev, seg_next) * (float(wp.where(on_prev, j, j - n_prev)) * inv_2k)
+            delta, dist, side, outward, closest, feature = closest_feature_face(mesh, q, face_of(batch[j]), 1.0, True)
+            verdict = settled_winding_inside(mesh, data, closest, side < 0.0, feature == 0, q, dist)
+            if verdict >= 0:
+                found_lanes = found_lanes ^ bit
+                if verdict == 1:
+                    row_inside = row_inside | bit
+    rim.inside_lanes = batched_winding_inside(mesh, p, seg_prev, seg_next, inv_2k, n_prev, has_next * n_first,
+                                              found_lanes) | row_inside
     if rim.inside:
         rim.inside_lanes = rim.inside_lanes | rim.settled
     return rim
