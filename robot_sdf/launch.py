@@ -93,24 +93,9 @@ def warp_device(device: torch.device):
             if wdev.alias not in _loaded_devices:
                 for module in _KERNEL_MODULES:
                     wp.load_module(module, device=wdev)
-                    _loaded_modules.add((module, wdev.alias))
                 _loaded_devices.add(wdev.alias)
     _warp_devices[device] = wdev  # only once its modules are loaded
     return wdev
-
-
-# (Warp module name, device alias) of the modules loaded through warp_device or _load_module.
-_loaded_modules: set[tuple[str, str]] = set()
-
-
-def _load_module(module, wdev) -> None:
-    """Load a Warp module holding a kernel that launch_kernel is given for the first time on a
-    device (a caller's own kernel, not one of robot_sdf's): under the lock, before any pool
-    thread records a launch of it (two threads loading one module at once crash Warp)."""
-    with _load_lock:
-        if (module.name, wdev.alias) not in _loaded_modules:
-            wp.load_module(module.name, device=wdev)
-            _loaded_modules.add((module.name, wdev.alias))
 
 
 def torch_stream(device: torch.device) -> wp.Stream:
@@ -233,7 +218,11 @@ def _replay(kernel, wdev, total: int, args: list, stream=None) -> None:
     key = (kernel, wdev.alias)
     entry = _launches.by_kernel.get(key)
     if entry is None:
-        cmd = wp.launch(kernel, dim=total, inputs=args, device=wdev, record_cmd=True)
+        # A thread's first launch of a kernel may load its Warp module (a caller's own, or one
+        # changed since it was loaded): under the load lock, since pool threads recording their
+        # first launches at once would load it concurrently, which crashes Warp.
+        with _load_lock:
+            cmd = wp.launch(kernel, dim=total, inputs=args, device=wdev, record_cmd=True)
         if not isinstance(cmd, wp.Launch) or cmd.fwd_args is None:
             raise RuntimeError(f"Warp did not record a reusable launch of {kernel.key}")
         # CPU kernels without thread blocks go straight to their hook (Warp's invoke path).
@@ -303,8 +292,6 @@ def launch_kernel(kernel, total: int, inputs_before_range: list, outputs: list, 
     if total == 0:
         return
     wdev = warp_device(device)
-    if (kernel.module.name, wdev.alias) not in _loaded_modules:
-        _load_module(kernel.module, wdev)
     if device.type == "cuda":
         _replay(kernel, wdev, total, [*inputs_before_range, 0, total, *outputs], torch_stream(device))
         return
@@ -312,6 +299,11 @@ def launch_kernel(kernel, total: int, inputs_before_range: list, outputs: list, 
     if threads == 1:
         _replay(kernel, wdev, total, [*inputs_before_range, 0, total, *outputs])
         return
+    if not _internals.WARP_SHORTCUTS:
+        # Each pool thread calls Warp's public launch, which may load the kernel's module: load it
+        # here first, one loader at a time (see _replay).
+        with _load_lock:
+            wp.load_module(kernel.module, device=wdev)
     with _cpu_pool_lock:
         if _cpu_pool is None or _cpu_pool._max_workers < threads:
             _cpu_pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="robot_sdf_warp")

@@ -97,7 +97,7 @@ def test_pool_threads_keep_launches_of_their_own(monkeypatch, fresh_launches):
 
 
 def test_a_kernel_new_to_the_device_is_loaded_before_the_pool_runs_it(monkeypatch, fresh_launches):
-    """A kernel of a module nothing has loaded yet (a caller's own, such as the cuRobo-style
+    """A kernel of a Warp module nothing has loaded yet (a caller's own, such as the cuRobo-style
     benchmark kernels), launched large enough to be split: both pool threads record their first
     launch of it at once (held at a barrier), and Warp must not load the module from both (that
     crashed the process)."""

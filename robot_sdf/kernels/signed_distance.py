@@ -130,8 +130,9 @@ def closed_inside_bound(mesh: wp.uint64, p: wp.vec3) -> float:
 def ray_winding_inside(mesh: wp.uint64, data: int, p: wp.vec3) -> int:
     """The winding-number verdict of mesh-frame p (1 inside, 0 outside) from the first triangle a
     ray from p meets, where its face row settles it (settled_winding_inside: nothing lies between
-    p and the hit, whose side the ray's direction tells); -1 where it does not. A ray that meets
-    nothing leaves a closed surface's winding number 0 (only closed surfaces have face rows)."""
+    p and the hit, whose side the ray's direction tells; on an open surface only as far as the
+    rim allows over the hit's distance); -1 where it does not. A ray that meets nothing leaves a
+    closed surface's winding number 0 (an open one's to Warp's winding number)."""
     t_hit = float(0.0)
     bu = float(0.0)
     bv = float(0.0)
