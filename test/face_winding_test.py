@@ -36,7 +36,7 @@ def _built(v: np.ndarray, t: np.ndarray):
     start = len(v) + 3 * len(t)
     written = velocities.numpy()[start:start + len(t)]
     if rows is None:
-        assert not written.any()  # an open surface: nothing settled
+        assert not written.any()  # an open surface above the size cap: nothing settled
     else:
         np.testing.assert_array_equal(written, rows)
     return mesh, rows
