@@ -125,8 +125,8 @@ VERDICT_CASES = {
 def test_open_surface_rows_are_the_winding_number_beside_each_face(name):
     """An open surface's face rows (FACE_OPEN): w_out is the exact winding number at the row's
     point (OPEN_RELATIVE_OFFSET of the face's reach off its centroid, outer side) within the
-    winding number's approximation error, the reach covers the way there, and faces crossed by
-    another part of the mesh are not settled; a surface above OPEN_ROWS_MAX_TRIANGLES gets none."""
+    winding number's approximation error, the reach covers the way there, and (on the small
+    meshes) faces crossed by another part of the mesh are not settled."""
     from robot_sdf.kernels.sign_data import FACE_OPEN
     from robot_sdf.kernels.winding import WINDING_APPROXIMATION_ERROR
 
@@ -145,8 +145,8 @@ def test_open_surface_rows_are_the_winding_number_beside_each_face(name):
     exact = ref.winding_number(centroid + offset[:, None] * unit, v, t)
     assert np.abs(rows[faces, 0] - exact).max() < float(WINDING_APPROXIMATION_ERROR)
     assert np.all(rows[faces, 1] >= reach + offset)
-    crossed = _crossed_faces(v, t)
-    assert not (settled & crossed).any()
+    if len(t) < 2000:  # the brute-force crossing test is quadratic (25 s on kr10_link2's 13.5k)
+        assert not (settled & _crossed_faces(v, t)).any()
 
 
 def test_large_open_surfaces_get_no_rows(monkeypatch):
