@@ -133,6 +133,22 @@ def _crossed_faces_kernel(mesh: wp.uint64, edges: wp.array2d(dtype=wp.int32),
             edge_crosses[i] = 1
 
 
+def _sound_faces(mesh: wp.Mesh, points: np.ndarray, welded_corner: np.ndarray) -> tuple:
+    """Per face of ``mesh`` (T > 0; arguments as for face_rows): (centroid (T,3), reach (T,): the
+    distance from it to the farthest corner, normal (T,3) of length area2 (T,): twice the area,
+    float64; sound (T,) bool: not degenerate and not crossed by another part of the mesh)."""
+    v64 = np.asarray(points, np.float64).reshape(-1, 3)
+    tri = mesh.indices.numpy().reshape(-1, 3).astype(np.int64)
+    corners = v64[tri]
+    centroid = corners.mean(axis=1)
+    reach = np.sqrt(((corners - centroid[:, None, :]) ** 2).sum(-1).max(axis=1))
+    normal = np.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0])
+    area2 = np.linalg.norm(normal, axis=1)
+    longest2 = max(float((np.ptp(v64, axis=0) ** 2).sum()), 1.0e-30)
+    sound = (area2 > 1.0e-12 * longest2) & ~_crossed(mesh, tri, welded_corner)
+    return centroid, reach, normal, area2, sound
+
+
 def face_rows(mesh: wp.Mesh, points: np.ndarray, welded_corner: np.ndarray, edge_of_corner: np.ndarray,
               n_edges: int) -> np.ndarray:
     """(T, 3) float32 rows (w_out, reach, settled) of the module docstring, for a closed surface.
@@ -141,21 +157,12 @@ def face_rows(mesh: wp.Mesh, points: np.ndarray, welded_corner: np.ndarray, edge
     its vertices; ``welded_corner`` (3T,) welded vertex of corner k of face f at 3 f + k;
     ``edge_of_corner`` (3T,) undirected welded edge (corners k, k + 1) of face f at 3 f + k, of
     ``n_edges``."""
-    v64 = np.asarray(points, np.float64).reshape(-1, 3)
-    tri = mesh.indices.numpy().reshape(-1, 3).astype(np.int64)
-    n_faces = tri.shape[0]
+    n_faces = mesh.indices.shape[0] // 3
     rows = np.zeros((n_faces, 3), np.float32)
     if n_faces == 0:
         return rows
-    corners = v64[tri]
-    centroid = corners.mean(axis=1)
-    reach = np.sqrt(((corners - centroid[:, None, :]) ** 2).sum(-1).max(axis=1))
+    centroid, reach, normal, area2, good = _sound_faces(mesh, points, welded_corner)
     rows[:, 1] = (reach * (1.0 + 1.0e-5) + 1.0e-7).astype(np.float32)
-    normal = np.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0])
-    area2 = np.linalg.norm(normal, axis=1)
-    longest2 = max(float((np.ptp(v64, axis=0) ** 2).sum()), 1.0e-30)
-    good = area2 > 1.0e-12 * longest2
-    good &= ~_crossed(mesh, tri, welded_corner)
 
     # Edges used exactly twice, in opposite directions (collapsed edges count as bad).
     wt = np.asarray(welded_corner, np.int64).reshape(-1, 3)
@@ -233,18 +240,11 @@ def open_face_rows(mesh: wp.Mesh, points: np.ndarray, welded_corner: np.ndarray)
     """(T, 3) float32 rows (w_out, reach, FACE_OPEN or 0) of an open surface (module docstring):
     the winding number at OPEN_RELATIVE_OFFSET of the face's reach off its centroid on its outer
     side, and the face's reach plus that offset. Arguments as for face_rows."""
-    v64 = np.asarray(points, np.float64).reshape(-1, 3)
-    tri = mesh.indices.numpy().reshape(-1, 3).astype(np.int64)
-    rows = np.zeros((tri.shape[0], 3), np.float32)
-    if tri.shape[0] == 0:
+    rows = np.zeros((mesh.indices.shape[0] // 3, 3), np.float32)
+    if rows.shape[0] == 0:
         return rows
-    corners = v64[tri]
-    centroid = corners.mean(axis=1)
-    reach = np.sqrt(((corners - centroid[:, None, :]) ** 2).sum(-1).max(axis=1))
-    normal = np.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0])
-    area2 = np.linalg.norm(normal, axis=1)
-    longest2 = max(float((np.ptp(v64, axis=0) ** 2).sum()), 1.0e-30)
-    good = np.flatnonzero((area2 > 1.0e-12 * longest2) & ~_crossed(mesh, tri, welded_corner))
+    centroid, reach, normal, area2, sound = _sound_faces(mesh, points, welded_corner)
+    good = np.flatnonzero(sound)
     offset = np.maximum(OPEN_RELATIVE_OFFSET * reach[good], MIN_OFFSET)
     step = offset[:, None] * normal[good] / area2[good, None]
     probes = np.concatenate([centroid[good] + step, centroid[good] - step]).astype(np.float32)

@@ -15,7 +15,7 @@ from robot_sdf.kernels.native import mesh_average_edge_length, mesh_box_distance
 from robot_sdf.kernels.sign_data import (SIGN_AUTO, SIGN_DEFAULT, SIGN_NORMAL, SIGN_WINDING_NUMBER, box_lower,
                                          box_upper, has_slivers, is_closed, is_solid, recorded_method,
                                          sign_data_offset, supports_winding, winding_radius)
-from robot_sdf.kernels.winding import open_winding_outside, settled_winding_inside, winding_inside
+from robot_sdf.kernels.winding import box_gap, open_winding_outside, settled_winding_inside, winding_inside
 
 wp.set_module_options({"enable_backward": False})
 
@@ -86,8 +86,7 @@ def out_of_reach(mesh: wp.uint64, data: int, p: wp.vec3, reach: float) -> bool:
     surface and everything inside it, the winding radius the inside of an open one; without sign
     data, inside is only ever found in the box of the BVH's root (mesh_signed_distance)."""
     if data >= 0:
-        gap = wp.max(wp.max(box_lower(mesh, data) - p, p - box_upper(mesh, data)), wp.vec3(0.0, 0.0, 0.0))
-        if wp.length(gap) <= reach:
+        if box_gap(box_lower(mesh, data), box_upper(mesh, data), p) <= reach:
             return False
         return is_closed(mesh, data) or wp.length(p) > winding_radius(mesh, data) + reach
     return mesh_box_distance_sq(mesh, p) > reach * reach
