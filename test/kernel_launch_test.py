@@ -65,6 +65,27 @@ def test_serial_chunked_and_public_launches_agree(monkeypatch, fresh_launches):
     assert np.sum(serial[0] > 0) >= 100
 
 
+def _both_pool_threads_at_once(monkeypatch, after_replay=None) -> None:
+    """Two CPU launch threads, each pool thread held at a barrier until the other also replays a
+    chunk: both take a chunk of every pooled launch (on a loaded machine one thread could otherwise
+    finish its chunk and take the other's too) and start it at once. ``after_replay`` runs in the
+    thread after each replay."""
+    import threading
+
+    real_replay = launch._replay
+    both = threading.Barrier(2, timeout=60)
+
+    def replay(kernel, wdev, total, args, stream=None):
+        if threading.current_thread().name.startswith("robot_sdf_warp"):
+            both.wait()
+        real_replay(kernel, wdev, total, args, stream)
+        if after_replay is not None:
+            after_replay()
+
+    monkeypatch.setattr(launch, "_replay", replay)
+    monkeypatch.setenv("ROBOT_SDF_CPU_THREADS", "2")
+
+
 def test_pool_threads_keep_launches_of_their_own(monkeypatch, fresh_launches):
     """A recorded launch holds its packed arguments: the pool's threads never share one."""
     import threading
@@ -74,19 +95,11 @@ def test_pool_threads_keep_launches_of_their_own(monkeypatch, fresh_launches):
     wenv = build_warp_env([meshes], "cpu")
     spheres = random_spheres(rng, BATCH, meshes)
     seen: dict[int, set] = {}
-    real_replay = launch._replay
-    # Both pool threads take a chunk of every pooled launch: on a loaded machine one thread could
-    # otherwise finish its chunk and take the other's too, and the test would see one thread.
-    both = threading.Barrier(2, timeout=60)
 
-    def replay(kernel, wdev, total, args, stream=None):
-        if threading.current_thread().name.startswith("robot_sdf_warp"):
-            both.wait()
-        real_replay(kernel, wdev, total, args, stream)
+    def record() -> None:
         seen.setdefault(threading.get_ident(), set()).update(id(e[0]) for e in launch._launches.by_kernel.values())
 
-    monkeypatch.setattr(launch, "_replay", replay)
-    monkeypatch.setenv("ROBOT_SDF_CPU_THREADS", "2")
+    _both_pool_threads_at_once(monkeypatch, record)
     _, cost, _, _ = run_cost(spheres, wenv, "cpu")
     assert np.isfinite(np_(cost)).all()
     records = list(seen.values())
@@ -101,8 +114,6 @@ def test_a_kernel_new_to_the_device_is_loaded_before_the_pool_runs_it(monkeypatc
     benchmark kernels), launched large enough to be split: both pool threads record their first
     launch of it at once (held at a barrier), and Warp must not load the module from both (that
     crashed the process)."""
-    import threading
-
     import warp as wp
 
     @wp.kernel(module="unique")
@@ -111,16 +122,7 @@ def test_a_kernel_new_to_the_device_is_loaded_before_the_pool_runs_it(monkeypatc
         if tid < total:
             out[tid] = values[tid] * factor
 
-    real_replay = launch._replay
-    both = threading.Barrier(2, timeout=60)
-
-    def replay(kernel, wdev, total, args, stream=None):
-        if threading.current_thread().name.startswith("robot_sdf_warp"):
-            both.wait()
-        real_replay(kernel, wdev, total, args, stream)
-
-    monkeypatch.setattr(launch, "_replay", replay)
-    monkeypatch.setenv("ROBOT_SDF_CPU_THREADS", "2")
+    _both_pool_threads_at_once(monkeypatch)
     values = torch.arange(4 * launch._CPU_MIN_SPHERES_PER_THREAD, dtype=torch.float32)
     out = torch.zeros_like(values)
     launch.launch_kernel(scaled, values.numel(), [launch.descriptor(values), 3.0], [launch.descriptor(out)],

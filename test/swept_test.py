@@ -586,6 +586,34 @@ class WarpWindingMesh(ref.RefMesh):
         return d * sign, grad
 
 
+def _warp_winding_world(v: np.ndarray, t: np.ndarray, device: str, max_dist: float, sign_method):
+    """A MeshWorld on ``device`` holding (v, t) as "m", and the reference of that mesh signed by
+    Warp's own winding number, read from its CPU twin (the same BVH build on any device): (world,
+    the CPU mesh id, [WarpWindingMesh])."""
+    from robot_sdf import MeshWorld
+
+    worlds = []
+    for dev in dict.fromkeys([device, "cpu"]):
+        w = MeshWorld(device=dev, mesh_capacity=1, max_distance=max_dist, sign_method=sign_method)
+        w.add_mesh("m", v, t)
+        worlds.append(w)
+    mesh_id = int(worlds[-1].snapshot().mesh_idx[0, 0])
+    return worlds[0], mesh_id, [WarpWindingMesh(v, t, mesh_id=mesh_id)]
+
+
+def _reference_and_points(s: np.ndarray, meshes: list, v: np.ndarray, t: np.ndarray, max_dist: float,
+                          sweep_steps: int):
+    """The reference swept cost (b,h,n) and gradient of the summed cost (b,h,n,3) of spheres s
+    (b,h,n,4) on ``meshes``, every point whose plain cost it averages (the centres, then the
+    samples of (v, t) at the identity pose) and the flat index of the sphere each belongs to."""
+    c_ref, own, to_prev, to_next = ref.swept_sphere_partials(s, [meshes], ETA, 1.0, max_dist, sweep_steps)
+    samples: list = []
+    ref.swept_sphere_partials(s, [[ref.RefMesh(v, t)]], ETA, 1.0, max_dist, sweep_steps, samples_out=samples)
+    pts = np.concatenate([s[..., :3].reshape(-1, 3), np.stack([q for _, q in samples])])
+    owner = np.concatenate([np.arange(s[..., 0].size), [np.ravel_multi_index(k, s.shape[:-1]) for k, _ in samples]])
+    return c_ref, ref.swept_chain_rule(own, to_prev, to_next), pts, owner
+
+
 @pytest.mark.parametrize("sweep_steps", [4, 9])
 def test_rim_shortcut_keeps_the_winding_verdicts_through_a_bowl_opening(device, sweep_steps):
     """The rim shortcut (docs/sign_methods.md, "Swept samples on open surfaces") gives a sample
@@ -596,20 +624,10 @@ def test_rim_shortcut_keeps_the_winding_verdicts_through_a_bowl_opening(device, 
     clear of the ambiguous points costs what the swept rule gives with Warp's own verdict at each
     sample. Dropping the rim bound's slope term fails here (it passed every other test); a bound
     too small by less than that is caught by test_rim_slope_bounds_the_winding_number_gradient."""
-    from robot_sdf import MeshWorld
-
     max_dist = 0.2
     v, t = open_bowl()
-    world = MeshWorld(device=device, mesh_capacity=1, max_distance=max_dist, sign_method=SignMethod.AUTO)
-    world.add_mesh("bowl", v, t)
-    assert world.mesh_info("bowl")["sign_method"] == "winding_number"
-    # Warp's verdicts come from the CPU twin of the world's mesh (the same BVH build on any device).
-    cpu_world = world if device == "cpu" else MeshWorld(device="cpu", mesh_capacity=1, max_distance=max_dist,
-                                                        sign_method=SignMethod.AUTO)
-    if cpu_world is not world:
-        cpu_world.add_mesh("bowl", v, t)
-    mesh_id = int(cpu_world.snapshot().mesh_idx[0, 0])
-    meshes = [WarpWindingMesh(v, t, mesh_id=mesh_id)]
+    world, mesh_id, meshes = _warp_winding_world(v, t, device, max_dist, SignMethod.AUTO)
+    assert world.mesh_info("m")["sign_method"] == "winding_number"
     rng = np.random.default_rng(31 + sweep_steps)
     b, h, n = 8, 8, 12
     start = rng.uniform([-0.08, -0.08, 0.0], [0.08, 0.08, 0.16], size=(b, 1, n, 3))
@@ -617,12 +635,7 @@ def test_rim_shortcut_keeps_the_winding_verdicts_through_a_bowl_opening(device, 
     walk[:, 0] = 0.0
     radius = rng.uniform(0.02, 0.07, size=(b, h, n, 1))
     s = np.concatenate([start + walk, radius], axis=-1)
-    c_ref, own, to_prev, to_next = ref.swept_sphere_partials(s, [meshes], ETA, 1.0, max_dist, sweep_steps)
-    g_ref = ref.swept_chain_rule(own, to_prev, to_next)
-    samples: list = []
-    ref.swept_sphere_partials(s, [[ref.RefMesh(v, t)]], ETA, 1.0, max_dist, sweep_steps, samples_out=samples)
-    pts = np.concatenate([s[..., :3].reshape(-1, 3), np.stack([q for _, q in samples])])
-    owner = np.concatenate([np.arange(s[..., 0].size), [np.ravel_multi_index(k, s.shape[:-1]) for k, _ in samples]])
+    c_ref, g_ref, pts, owner = _reference_and_points(s, meshes, v, t, max_dist, sweep_steps)
     n_spheres = s[..., 0].size
     # Left out: spheres with a point on the surface or whose verdict float32 rounding of the sample
     # position could flip (Warp's winding number within 1e-3 of 0.5).
@@ -652,21 +665,12 @@ def test_open_surface_inside_beyond_its_box(device, sweep_steps):
     cost their depth wherever Warp's winding number says inside, as the swept rule gives with
     Warp's own verdict at each sample (declaring a free step outside without those bounds, or
     every free sample outside, fails here)."""
-    from robot_sdf import MeshWorld
-
     max_dist = 0.2
     v1, t1 = ref.sheet(1.0, 6)
     t1 = t1[:, ::-1]  # facing -z: inside (positive winding number) above it
     v = np.concatenate([v1] * 3)
     t = np.concatenate([t1 + k * len(v1) for k in range(3)])
-    world = MeshWorld(device=device, mesh_capacity=1, max_distance=max_dist, sign_method=SignMethod.WINDING_NUMBER)
-    world.add_mesh("sheets", v, t)
-    cpu_world = world if device == "cpu" else MeshWorld(device="cpu", mesh_capacity=1, max_distance=max_dist,
-                                                        sign_method=SignMethod.WINDING_NUMBER)
-    if cpu_world is not world:
-        cpu_world.add_mesh("sheets", v, t)
-    mesh_id = int(cpu_world.snapshot().mesh_idx[0, 0])
-    meshes = [WarpWindingMesh(v, t, mesh_id=mesh_id)]
+    world, mesh_id, meshes = _warp_winding_world(v, t, device, max_dist, SignMethod.WINDING_NUMBER)
     rng = np.random.default_rng(41 + sweep_steps)
     b, h, n = 8, 8, 12
     start = rng.uniform([-0.4, -0.4, 0.12], [0.4, 0.4, 0.7], size=(b, 1, n, 3))
@@ -674,12 +678,7 @@ def test_open_surface_inside_beyond_its_box(device, sweep_steps):
     walk[:, 0] = 0.0
     radius = rng.uniform(0.02, 0.05, size=(b, h, n, 1))
     s = np.concatenate([start + walk, radius], axis=-1)
-    c_ref, own, to_prev, to_next = ref.swept_sphere_partials(s, [meshes], ETA, 1.0, max_dist, sweep_steps)
-    g_ref = ref.swept_chain_rule(own, to_prev, to_next)
-    samples: list = []
-    ref.swept_sphere_partials(s, [[ref.RefMesh(v, t)]], ETA, 1.0, max_dist, sweep_steps, samples_out=samples)
-    pts = np.concatenate([s[..., :3].reshape(-1, 3), np.stack([q for _, q in samples])])
-    owner = np.concatenate([np.arange(s[..., 0].size), [np.ravel_multi_index(k, s.shape[:-1]) for k, _ in samples]])
+    c_ref, g_ref, pts, owner = _reference_and_points(s, meshes, v, t, max_dist, sweep_steps)
     # Left out: spheres with a point whose verdict float32 rounding could flip.
     bad = warp_winding_inside(mesh_id, pts, 0.499) != warp_winding_inside(mesh_id, pts, 0.501)
     mask = np.ones(s[..., 0].size, dtype=bool)
