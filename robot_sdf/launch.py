@@ -206,14 +206,14 @@ class _CpuCall:
         self.hook(ctypes.byref(self.cmd.bounds), self.struct_ref)
 
 
-def _replay(kernel, wdev, total: int, args: list, stream=None) -> None:
-    """Launch ``kernel`` over ``total`` threads with ``args`` (its whole argument list, array
+def _replay(kernel, wdev, threads: int, args: list, stream=None) -> None:
+    """Launch ``kernel`` over ``threads`` threads with ``args`` (its whole argument list, array
     arguments as descriptors or wp.arrays, scalars as Python numbers) through a recorded launch
     reused across calls."""
     if not _internals.WARP_SHORTCUTS:
         # Warp's public launch: the recorded-launch shortcuts below write into Warp's private
         # Launch object, checked only on the versions robot_sdf._internals lists.
-        wp.launch(kernel, dim=total, inputs=args, device=wdev, stream=stream)
+        wp.launch(kernel, dim=threads, inputs=args, device=wdev, stream=stream)
         return
     key = (kernel, wdev.alias)
     entry = _launches.by_kernel.get(key)
@@ -222,21 +222,21 @@ def _replay(kernel, wdev, total: int, args: list, stream=None) -> None:
         # changed since it was loaded): under the load lock, since pool threads recording their
         # first launches at once would load it concurrently, which crashes Warp.
         with _load_lock:
-            cmd = wp.launch(kernel, dim=total, inputs=args, device=wdev, record_cmd=True)
+            cmd = wp.launch(kernel, dim=threads, inputs=args, device=wdev, record_cmd=True)
         if not isinstance(cmd, wp.Launch) or cmd.fwd_args is None:
             raise RuntimeError(f"Warp did not record a reusable launch of {kernel.key}")
         # CPU kernels without thread blocks go straight to their hook (Warp's invoke path).
         fast = _CpuCall(cmd) if CPU_DIRECT_CALLS and wdev.is_cpu and cmd.block_dim <= 1 and not cmd.adjoint else None
-        _launches.by_kernel[key] = [cmd, total, fast]
+        _launches.by_kernel[key] = [cmd, threads, fast]
         if fast is not None:
             fast(args)
         else:
             cmd.launch(stream) if stream is not None else cmd.launch()
         return
     cmd, dim, fast = entry
-    if dim != total:
-        cmd.set_dim(total)
-        entry[1] = total
+    if dim != threads:
+        cmd.set_dim(threads)
+        entry[1] = threads
     if fast is not None:
         fast(args)
         return
@@ -264,8 +264,21 @@ def argument_positions(kernel, *names: str) -> tuple[int, ...]:
     return tuple(labels.index(name) for name in names)
 
 
+# The query kernels: on the CPU each of their threads handles a run of CPU_SPHERES_PER_THREAD
+# spheres (kernels.slot_walk.thread_spheres); every other kernel, one item per thread.
+_RUN_KERNELS = (kernels.sphere_cost_kernel, kernels.swept_sphere_cost_kernel, kernels.sphere_hessian_kernel)
+
+
+def kernel_threads(kernel, count: int, device: torch.device) -> int:
+    """Threads of ``kernel``'s launch over ``count`` items: one per item, except for the query
+    kernels on the CPU, one per run of kernels.CPU_SPHERES_PER_THREAD spheres."""
+    if device.type == "cuda" or kernel not in _RUN_KERNELS:
+        return count
+    return (count + kernels.CPU_SPHERES_PER_THREAD - 1) // kernels.CPU_SPHERES_PER_THREAD
+
+
 def direct_cpu_call(kernel, device: torch.device, total: int) -> _CpuCall | None:
-    """This thread's direct call of ``kernel`` on the CPU, set to ``total`` threads, when the
+    """This thread's direct call of ``kernel`` on the CPU, set to ``total`` spheres, when the
     launch runs as one serial chunk and an earlier launch through _launch has recorded it; else
     None (launch through _launch)."""
     if device.type != "cpu" or total == 0 or total >= 2 * _CPU_MIN_SPHERES_PER_THREAD \
@@ -274,14 +287,16 @@ def direct_cpu_call(kernel, device: torch.device, total: int) -> _CpuCall | None
     entry = _launches.by_kernel.get((kernel, warp_device(device).alias))
     if entry is None or entry[2] is None:
         return None
-    if entry[1] != total:
-        entry[0].set_dim(total)
-        entry[1] = total
+    dim = kernel_threads(kernel, total, device)
+    if entry[1] != dim:
+        entry[0].set_dim(dim)
+        entry[1] = dim
     return entry[2]
 
 
 def launch_kernel(kernel, total: int, inputs_before_range: list, outputs: list, device: torch.device) -> None:
-    """Launch ``kernel`` over ``total`` threads; its arguments end with (start, total, *outputs).
+    """Launch ``kernel`` over ``total`` items (kernel_threads threads); its arguments end with
+    (start, total, *outputs).
 
     Array arguments are launch descriptors (descriptor); scalars are Python ints/floats matching
     the kernel's types. On CUDA the launch goes on torch's current stream. On the CPU, Warp runs a
@@ -297,7 +312,7 @@ def launch_kernel(kernel, total: int, inputs_before_range: list, outputs: list, 
         return
     threads = 1 if total < 2 * _CPU_MIN_SPHERES_PER_THREAD else min(cpu_threads(), total // _CPU_MIN_SPHERES_PER_THREAD)
     if threads == 1:
-        _replay(kernel, wdev, total, [*inputs_before_range, 0, total, *outputs])
+        _replay(kernel, wdev, kernel_threads(kernel, total, device), [*inputs_before_range, 0, total, *outputs])
         return
     if not _internals.WARP_SHORTCUTS:
         # Each pool thread calls Warp's public launch, which may load the kernel's module: load it
@@ -309,8 +324,11 @@ def launch_kernel(kernel, total: int, inputs_before_range: list, outputs: list, 
             _cpu_pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="robot_sdf_warp")
         pool = _cpu_pool
     chunk = (total + threads - 1) // threads
+    if kernel in _RUN_KERNELS:
+        # Whole runs of spheres, so that no kernel thread's run crosses into the next chunk.
+        chunk = kernel_threads(kernel, chunk, device) * kernels.CPU_SPHERES_PER_THREAD
     # Each pool thread replays its own recorded launch (_launches is per thread).
-    futures = [pool.submit(_replay, kernel, wdev, min(chunk, total - start),
+    futures = [pool.submit(_replay, kernel, wdev, kernel_threads(kernel, min(chunk, total - start), device),
                            [*inputs_before_range, start, total, *outputs])
                for start in range(0, total, chunk)]
     for f in futures:

@@ -185,9 +185,12 @@ def swept_chain_rule(partials: torch.Tensor, grad_output: torch.Tensor) -> torch
     SweptPartials) and grad_output (b,h,n): sphere (b,t,n) gets sum_k g[t-1+k] row k, g 0 beyond
     the trajectory's ends. The radius gets no gradient (its row components are 0)."""
     g = grad_output.to(partials.dtype)
-    # window[b, t, n, k] = g[b, t-1+k, n]: a view of g padded by one step at each end.
-    window = torch.nn.functional.pad(g, (0, 0, 1, 1)).unfold(1, 3, 1)
-    return (partials * window.permute(3, 0, 1, 2).unsqueeze(-1)).sum(0)
+    # g repeated over the 4 components (b, h + 2, n, 4), padded by one step at each end: the
+    # products then run over contiguous rows (a broadcast over the last dimension ran 2x slower).
+    g4 = torch.nn.functional.pad(g.unsqueeze(-1).expand(*g.shape, 4), (0, 0, 0, 0, 1, 1))
+    grad = partials[1] * g4[:, 1:-1]
+    grad.addcmul_(partials[0], g4[:, :-2])
+    return grad.addcmul_(partials[2], g4[:, 2:])
 
 
 def launch_swept_sphere_cost(

@@ -15,12 +15,12 @@ import torch
 
 import reference as ref
 from conftest import build_warp_env
-from robot_sdf import _internals, launch
+from robot_sdf import _internals, kernels, launch
 from swept_test import run_swept
 from warp_primitives_test import COST_ATOL, ETA, MAX_DIST, np_, random_spheres, run_cost, scene_meshes
 
 # Above 2 * launch._CPU_MIN_SPHERES_PER_THREAD: split into chunks when two threads are allowed.
-BATCH = (2, 5, 520)
+BATCH = (2, 5, 521)  # not a whole number of a CPU thread's runs of spheres
 
 
 def _evaluate(spheres: np.ndarray, wenv) -> tuple:
@@ -42,17 +42,29 @@ def test_serial_chunked_and_public_launches_agree(monkeypatch, fresh_launches):
     assert np.prod(BATCH) >= 2 * launch._CPU_MIN_SPHERES_PER_THREAD
 
     chunks = []
+    starts = []
     real_replay = launch._replay
-    monkeypatch.setattr(launch, "_replay", lambda kernel, wdev, total, args, stream=None:
-                        chunks.append(total) or real_replay(kernel, wdev, total, args, stream))
+
+    def replay(kernel, wdev, threads, args, stream=None):
+        chunks.append(threads)
+        starts.append(args[launch.argument_positions(kernel, "start")[0]])
+        real_replay(kernel, wdev, threads, args, stream)
+
+    monkeypatch.setattr(launch, "_replay", replay)
     monkeypatch.setenv("ROBOT_SDF_CPU_THREADS", "1")
     serial = _evaluate(spheres, wenv)
-    assert chunks and all(c == np.prod(BATCH) for c in chunks)
+    # One launch of a thread per run of CPU_SPHERES_PER_THREAD spheres.
+    whole = -(-int(np.prod(BATCH)) // kernels.CPU_SPHERES_PER_THREAD)
+    assert chunks and all(c == whole for c in chunks)
 
     chunks.clear()
+    starts.clear()
     monkeypatch.setenv("ROBOT_SDF_CPU_THREADS", "2")
     chunked = _evaluate(spheres, wenv)
-    assert chunks and all(c < np.prod(BATCH) for c in chunks)  # the pool ran chunks
+    assert chunks and all(c < whole for c in chunks)  # the pool ran chunks
+    # Each chunk starts a run (no thread's run reaches into the next chunk) and the chunks of a
+    # launch cover every run once.
+    assert all(s % kernels.CPU_SPHERES_PER_THREAD == 0 for s in starts) and sum(chunks) == 2 * whole
 
     monkeypatch.setattr(_internals, "WARP_SHORTCUTS", False)
     public = _evaluate(spheres, wenv)

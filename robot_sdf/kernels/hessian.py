@@ -11,7 +11,7 @@ import warp as wp
 
 from robot_sdf.kernels.closest_point import refine_closest
 from robot_sdf.kernels.signed_distance import mesh_signed_distance
-from robot_sdf.kernels.slot_walk import World, env_slots, query_env, slot_at, slot_sign_method
+from robot_sdf.kernels.slot_walk import World, env_slots, query_env, slot_at, slot_sign_method, thread_spheres
 
 wp.set_module_options({"enable_backward": False})
 
@@ -136,17 +136,17 @@ def sphere_hessian_kernel(
     total: int,
     out_hessian: wp.array(dtype=wp.mat33),
 ):
-    """d^2 out_cost / d p^2 (world frame, weighted) of sphere_cost_kernel's value, per sphere."""
-    tid = wp.tid() + start
-    if tid >= total:
-        return
-    s = spheres[tid]
-    p = wp.vec3(s[0], s[1], s[2])
-    hess = wp.mat33(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-    env = query_env(tid, spheres_per_batch, use_env_query, env_query, world.n_env_mesh.shape[0])
-    if compute_esdf != 0:
-        if env >= 0:
-            hess = point_world_esdf_hessian(p, max_distance[0], env, world)
-    elif s[3] >= 0.0 and env >= 0:
-        hess = sphere_world_hessian(p, s[3], activation_distance[0], max_distance[0], env, world)
-    out_hessian[tid] = hess * weight[0]
+    """d^2 out_cost / d p^2 (world frame, weighted) of sphere_cost_kernel's value, per sphere (a run
+    of them per thread: thread_spheres)."""
+    first, end = thread_spheres(wp.tid(), start, total)
+    for tid in range(first, end):
+        s = spheres[tid]
+        p = wp.vec3(s[0], s[1], s[2])
+        hess = wp.mat33(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        env = query_env(tid, spheres_per_batch, use_env_query, env_query, world.n_env_mesh.shape[0])
+        if compute_esdf != 0:
+            if env >= 0:
+                hess = point_world_esdf_hessian(p, max_distance[0], env, world)
+        elif s[3] >= 0.0 and env >= 0:
+            hess = sphere_world_hessian(p, s[3], activation_distance[0], max_distance[0], env, world)
+        out_hessian[tid] = hess * weight[0]

@@ -65,6 +65,26 @@ def mesh_average_edge_length(mesh: wp.uint64) -> float:
     ...
 
 
+# ------------------------------------------------------------------ spheres per kernel thread
+# A query kernel's thread handles CPU_SPHERES_PER_THREAD consecutive spheres on the CPU, one on
+# CUDA (robot_sdf.launch sizes the launches to match). Warp's CPU launch copies every kernel
+# argument, the World struct included, for each thread index: at one sphere a thread that cost
+# about 3 ns a sphere, more than the whole query of a sphere far from every mesh.
+CPU_SPHERES_PER_THREAD = 16
+
+
+@wp.func_native(f"""
+#if defined(__CUDA_ARCH__)
+return 1;
+#else
+return {CPU_SPHERES_PER_THREAD};
+#endif
+""")
+def spheres_per_thread() -> int:
+    """Spheres one thread of a query kernel handles: CPU_SPHERES_PER_THREAD on the CPU, 1 on CUDA."""
+    ...
+
+
 # --------------------------------------------------------------------------------- slot BVH
 # Slots a query visits, collected by slot_bvh_hits. Warp's own wp.bvh_query_aabb keeps its
 # traversal stack in CUDA shared memory (32 ints per thread of the block: 32 KB at 256 threads);

@@ -1,4 +1,4 @@
-"""The plain cost and the ESDF: one thread per sphere, summed (or maxed) over its environment's slots.
+"""The plain cost and the ESDF per sphere, summed (or maxed) over its environment's slots.
 
 sphere_cost_kernel writes every output element it owns, so callers may hand in uninitialised
 buffers. Gradients are analytic, so no Warp adjoint code is generated.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import warp as wp
 
 from robot_sdf.kernels.signed_distance import mesh_signed_distance
-from robot_sdf.kernels.slot_walk import World, env_slots, query_env, slot_at, slot_sign_method
+from robot_sdf.kernels.slot_walk import World, env_slots, query_env, slot_at, slot_sign_method, thread_spheres
 
 wp.set_module_options({"enable_backward": False})
 
@@ -111,26 +111,27 @@ def sphere_cost_kernel(
     out_grad: wp.array(dtype=wp.vec4),
     out_sparsity: wp.array(dtype=wp.uint8),
 ):
-    tid = wp.tid() + start
-    if tid >= total:
-        return
-    s = spheres[tid]
-    p = wp.vec3(s[0], s[1], s[2])
-    w = weight[0]
-    cost = float(0.0)
-    grad = wp.vec3(0.0, 0.0, 0.0)
-    env = query_env(tid, spheres_per_batch, use_env_query, env_query, world.n_env_mesh.shape[0])
-    if compute_esdf != 0:
-        cost = -max_distance[0]
-        if env >= 0:
-            cost, grad = point_world_esdf(p, max_distance[0], env, world)
-    elif s[3] >= 0.0 and env >= 0:
-        cost, grad = sphere_world_cost(p, s[3], activation_distance[0], max_distance[0], env, world)
-    cost = w * cost
-    out_cost[tid] = cost
-    out_sparsity[tid] = wp.where(cost > 0.0, wp.uint8(1), wp.uint8(0))
-    if compute_grad != 0:
-        grad = grad * w
-        out_grad[tid] = wp.vec4(grad[0], grad[1], grad[2], 0.0)
-    else:
-        out_grad[tid] = wp.vec4(0.0, 0.0, 0.0, 0.0)
+    """The plain cost (or the ESDF) of spheres start .. total - 1 (module docstring), a run of
+    them per thread (thread_spheres)."""
+    first, end = thread_spheres(wp.tid(), start, total)
+    for tid in range(first, end):
+        s = spheres[tid]
+        p = wp.vec3(s[0], s[1], s[2])
+        w = weight[0]
+        cost = float(0.0)
+        grad = wp.vec3(0.0, 0.0, 0.0)
+        env = query_env(tid, spheres_per_batch, use_env_query, env_query, world.n_env_mesh.shape[0])
+        if compute_esdf != 0:
+            cost = -max_distance[0]
+            if env >= 0:
+                cost, grad = point_world_esdf(p, max_distance[0], env, world)
+        elif s[3] >= 0.0 and env >= 0:
+            cost, grad = sphere_world_cost(p, s[3], activation_distance[0], max_distance[0], env, world)
+        cost = w * cost
+        out_cost[tid] = cost
+        out_sparsity[tid] = wp.where(cost > 0.0, wp.uint8(1), wp.uint8(0))
+        if compute_grad != 0:
+            grad = grad * w
+            out_grad[tid] = wp.vec4(grad[0], grad[1], grad[2], 0.0)
+        else:
+            out_grad[tid] = wp.vec4(0.0, 0.0, 0.0, 0.0)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import warp as wp
 
-from robot_sdf.kernels.native import SLOT_HITS, slot_bvh_hits, slot_hits_t
+from robot_sdf.kernels.native import SLOT_HITS, slot_bvh_hits, slot_hits_t, spheres_per_thread
 from robot_sdf.kernels.sign_data import SIGN_PER_SLOT
 
 wp.set_module_options({"enable_backward": False})
@@ -129,6 +129,14 @@ def slot_sign_method(world: World, env: int, slot: int) -> int:
     if world.sign_method == SIGN_PER_SLOT:
         return int(world.slot_sign[env, slot])
     return world.sign_method
+
+
+@wp.func
+def thread_spheres(thread: int, start: int, total: int):
+    """(first, end) of the spheres thread ``thread`` of a query kernel handles: spheres_per_thread()
+    consecutive ones from start + thread * spheres_per_thread(), none at or beyond ``total``."""
+    first = start + thread * spheres_per_thread()
+    return first, wp.min(first + spheres_per_thread(), total)
 
 
 @wp.func

@@ -1,4 +1,4 @@
-"""The swept cost (docs/design.md "Swept cost"): one thread per sphere and step of a trajectory.
+"""The swept cost (docs/design.md "Swept cost") per sphere and step of a trajectory.
 
 Each step pays the time-average of the sphere's cost over its slot of the trajectory, mesh after
 mesh of its environment (swept_slot: swept_slot_cost, or open_swept_slot_cost for moving steps on
@@ -19,7 +19,7 @@ from __future__ import annotations
 import warp as wp
 
 from robot_sdf.kernels.signed_distance import REACH_MARGIN, REACH_SLACK, mesh_sign_method, out_of_reach
-from robot_sdf.kernels.slot_walk import World, env_slots, query_env, slot_at, slot_sign_method
+from robot_sdf.kernels.slot_walk import World, env_slots, query_env, slot_at, slot_sign_method, thread_spheres
 from robot_sdf.kernels.swept_slot import open_swept_sign, open_swept_slot_cost, swept_slot_cost
 
 wp.set_module_options({"enable_backward": False})
@@ -235,55 +235,54 @@ def swept_sphere_cost_kernel(
     out_evaluations (when count_evaluations): points of the sphere's slot searched for at least
     one mesh (p[t] and the samples not skipped for every mesh).
     """
-    tid = wp.tid() + start
-    if tid >= total:
-        return
-    s = spheres[tid]
-    p = wp.vec3(s[0], s[1], s[2])
-    radius = s[3]
-    step = (tid / spheres_per_step) % horizon
-    env = query_env(tid, spheres_per_step * horizon, use_env_query, env_query, world.n_env_mesh.shape[0])
-    cost = float(0.0)
-    own = wp.vec3(0.0, 0.0, 0.0)
-    to_prev = wp.vec3(0.0, 0.0, 0.0)
-    to_next = wp.vec3(0.0, 0.0, 0.0)
-    evaluations = int(0)
-    if radius >= 0.0 and env >= 0:
-        has_prev, has_next, prev, nxt = step_neighbours(spheres, tid, step, horizon, spheres_per_step, sweep_steps)
-        c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next = swept_step_cost(
-            p, prev, nxt, has_prev, has_next, radius, activation_distance[0], max_distance[0], sweep_steps, env,
-            world)
+    first, end = thread_spheres(wp.tid(), start, total)
+    for tid in range(first, end):
+        s = spheres[tid]
+        p = wp.vec3(s[0], s[1], s[2])
+        radius = s[3]
+        step = (tid / spheres_per_step) % horizon
+        env = query_env(tid, spheres_per_step * horizon, use_env_query, env_query, world.n_env_mesh.shape[0])
+        cost = float(0.0)
+        own = wp.vec3(0.0, 0.0, 0.0)
+        to_prev = wp.vec3(0.0, 0.0, 0.0)
+        to_next = wp.vec3(0.0, 0.0, 0.0)
+        evaluations = int(0)
+        if radius >= 0.0 and env >= 0:
+            has_prev, has_next, prev, nxt = step_neighbours(spheres, tid, step, horizon, spheres_per_step, sweep_steps)
+            c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next = swept_step_cost(
+                p, prev, nxt, has_prev, has_next, radius, activation_distance[0], max_distance[0], sweep_steps, env,
+                world)
+            if count_evaluations != 0:
+                evaluations = 1 + mask_count(mask_prev) + mask_count(mask_next)
+            cost = c0
+            if has_prev + has_next > 0:
+                # own holds the samples' partials; p[t] itself weighs 1 / (2K). cost = c0 + sum_k
+                # w_k (c_k - c0): equal to sum_k w_k c_k (weights sum to 1), and exactly c0 when
+                # every sample sits on p[t] (a stationary trajectory).
+                own += g0 * (1.0 / (2.0 * float(sweep_steps)))
+                cost = wp.max(c0 + delta, 0.0)
+            else:
+                own = g0
+            w = weight[0]
+            cost = cost * w
+            own = own * w
+            to_prev = to_prev * w
+            to_next = to_next * w
+            if enable_speed_metric != 0 and cost > 0.0 and step > 0 and step < horizon - 1:
+                cost, own, to_prev, to_next = speed_metric(p, sphere_at(spheres, tid - spheres_per_step),
+                                                           sphere_at(spheres, tid + spheres_per_step), speed_dt[0],
+                                                           cost, own, to_prev, to_next)
+        out_cost[tid] = cost
+        out_sparsity[tid] = wp.where(cost > 0.0, wp.uint8(1), wp.uint8(0))
+        if compute_grad != 0:
+            out_partials[total + tid] = wp.vec4(own[0], own[1], own[2], 0.0)
+            if step > 0:
+                out_partials[2 * total + tid - spheres_per_step] = wp.vec4(to_prev[0], to_prev[1], to_prev[2], 0.0)
+            else:
+                out_partials[tid] = wp.vec4(0.0, 0.0, 0.0, 0.0)
+            if step < horizon - 1:
+                out_partials[tid + spheres_per_step] = wp.vec4(to_next[0], to_next[1], to_next[2], 0.0)
+            else:
+                out_partials[2 * total + tid] = wp.vec4(0.0, 0.0, 0.0, 0.0)
         if count_evaluations != 0:
-            evaluations = 1 + mask_count(mask_prev) + mask_count(mask_next)
-        cost = c0
-        if has_prev + has_next > 0:
-            # own holds the samples' partials; p[t] itself weighs 1 / (2K). cost = c0 + sum_k
-            # w_k (c_k - c0): equal to sum_k w_k c_k (weights sum to 1), and exactly c0 when
-            # every sample sits on p[t] (a stationary trajectory).
-            own += g0 * (1.0 / (2.0 * float(sweep_steps)))
-            cost = wp.max(c0 + delta, 0.0)
-        else:
-            own = g0
-        w = weight[0]
-        cost = cost * w
-        own = own * w
-        to_prev = to_prev * w
-        to_next = to_next * w
-        if enable_speed_metric != 0 and cost > 0.0 and step > 0 and step < horizon - 1:
-            cost, own, to_prev, to_next = speed_metric(p, sphere_at(spheres, tid - spheres_per_step),
-                                                       sphere_at(spheres, tid + spheres_per_step), speed_dt[0], cost,
-                                                       own, to_prev, to_next)
-    out_cost[tid] = cost
-    out_sparsity[tid] = wp.where(cost > 0.0, wp.uint8(1), wp.uint8(0))
-    if compute_grad != 0:
-        out_partials[total + tid] = wp.vec4(own[0], own[1], own[2], 0.0)
-        if step > 0:
-            out_partials[2 * total + tid - spheres_per_step] = wp.vec4(to_prev[0], to_prev[1], to_prev[2], 0.0)
-        else:
-            out_partials[tid] = wp.vec4(0.0, 0.0, 0.0, 0.0)
-        if step < horizon - 1:
-            out_partials[tid + spheres_per_step] = wp.vec4(to_next[0], to_next[1], to_next[2], 0.0)
-        else:
-            out_partials[2 * total + tid] = wp.vec4(0.0, 0.0, 0.0, 0.0)
-    if count_evaluations != 0:
-        out_evaluations[tid] = evaluations
+            out_evaluations[tid] = evaluations
