@@ -86,6 +86,7 @@ class EnvSlots:
     listed: int  # 1: iteration i visits slot hits[i]; 0: slot i
     iterations: int
     count: int  # slots in use in the environment
+    reach: float  # the query's reach (m), a relative 1e-5 wider (slot_at)
 
 
 @wp.func
@@ -93,6 +94,9 @@ def env_slots(env: int, p: wp.vec3, reach: float, world: World) -> EnvSlots:
     """The slots of env a query at world point p visits: those whose boxes come within ``reach``
     (m) of p when env has a slot BVH and at most SLOT_HITS of them do, else every slot in use."""
     slots = EnvSlots()
+    # A relative 1e-5 wider than the queries' own reach tests, whose sums round differently: a slot
+    # slot_at passes over would have found nothing.
+    slots.reach = reach * 1.00001 + 1.0e-6
     slots.count = wp.min(world.n_env_mesh[env], world.mesh_idx.shape[1])
     slots.iterations = slots.count
     slots.listed = 0
@@ -110,8 +114,9 @@ def env_slots(env: int, p: wp.vec3, reach: float, world: World) -> EnvSlots:
 @wp.func
 def slot_at(slots: EnvSlots, i: int, env: int, p: wp.vec3, world: World):
     """(slot, q, p_mesh) of iteration i of a loop over env_slots: the slot, or -1 where there is
-    nothing to evaluate (beyond the env's count, disabled, or empty); the rotation of its
-    world->mesh transform; world point p in its mesh frame."""
+    nothing to evaluate (beyond the env's count, disabled, empty, or its cull sphere farther from
+    p than the query's reach); the rotation of its world->mesh transform; world point p in its
+    mesh frame."""
     slot = i
     if slots.listed != 0:
         slot = slots.hits[i]
@@ -120,7 +125,11 @@ def slot_at(slots: EnvSlots, i: int, env: int, p: wp.vec3, world: World):
     if world.mesh_enable[env, slot] == wp.uint8(0) or world.mesh_idx[env, slot] == wp.int64(0):
         return -1, wp.quat_identity(), p
     t, q = slot_pose(world.pose_inv, env, slot)
-    return slot, q, wp.quat_rotate(q, p) + t
+    p_mesh = wp.quat_rotate(q, p) + t
+    cull_radius = world.pose_inv[env, slot, 7]
+    if cull_radius > 0.0 and wp.length(p_mesh) > cull_radius + slots.reach:
+        return -1, q, p_mesh
+    return slot, q, p_mesh
 
 
 @wp.func

@@ -90,16 +90,15 @@ def closed_search_bound(p: wp.vec3, prev: wp.vec3, nxt: wp.vec3, has_prev: int, 
 @wp.func
 def slot_beyond_reach(mesh: wp.uint64, cull_radius: float, sign_method: int, p: wp.vec3, reach: float) -> bool:
     """Whether no point of a step's slot (mesh-frame centre p, every sample within ``reach`` -
-    max_dist - r - eta of it) can find anything on the mesh: the test both slot costs start with,
-    at the widest reach either searches (max_dist + r + eta + half the longer segment), made
-    before the segments are rotated into the mesh frame and the results back (the cull radius
-    where the slot has one, else the mesh's own bounds). Most slots a rollout visits end here."""
-    # A relative 1e-5 wider than the slot costs' own tests, whose sums round differently.
-    wide = reach * 1.00001 + 1.0e-6
+    max_dist - r - eta of it) can find anything on a mesh whose slot has no cull radius (slot_at
+    has tested those that have one), by the mesh's own bounds: the test both slot costs start
+    with, at the widest reach either searches (max_dist + r + eta + half the longer segment),
+    made before the segments are rotated into the mesh frame and the results back."""
     if cull_radius > 0.0:
-        return wp.length(p) > cull_radius + wide
+        return False
+    # A relative 1e-5 wider than the slot costs' own tests, whose sums round differently.
     data, method = mesh_sign_method(mesh, sign_method)
-    return out_of_reach(mesh, data, p, wide)
+    return out_of_reach(mesh, data, p, reach * 1.00001 + 1.0e-6)
 
 
 @wp.func
