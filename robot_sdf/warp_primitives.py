@@ -243,7 +243,8 @@ def launch_swept_sphere_cost(
                    flat_descriptor(partials.buffer, 16), flat_descriptor(evaluations, 4)]
         launch_kernel(kernels.swept_sphere_cost_kernel, total, inputs, outputs, device)
     if compute_grad:
-        torch.sum(partials.buffer, 0, out=outs.grad)
+        # The sum over the rows, as two adds (torch.sum over the leading dimension took 1.5x longer).
+        torch.add(partials.buffer[0], partials.buffer[1], out=outs.grad).add_(partials.buffer[2])
     else:
         outs.grad.zero_()
     outs.finish()
