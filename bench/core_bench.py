@@ -245,7 +245,8 @@ class FloorRunner:
                 int(add_radius)]
 
     def threaded(self, add_radius: bool = True) -> None:
-        """Same chunking and thread pool as the cost (robot_sdf.launch.launch_kernel)."""
+        """The cost's thread pool (robot_sdf.launch.launch_kernel), one sphere per kernel thread (the
+        cost kernels take runs of 16 on the CPU, which spares them Warp's per-thread argument copy)."""
         _launch(traversal_floor_kernel, self.total, self._inputs(add_radius), [self.out], self.device)
 
     def single_thread(self, add_radius: bool = True) -> None:
@@ -343,7 +344,7 @@ def standard_table(b: Bench) -> None:
         "SdfMeshWarpPy fwd": threads, "SdfMeshWarpPy fwd+bwd": threads,
         "SweptSdfMeshWarpPy fwd": f"{threads}; {SWEEP_STEPS} sweep steps",
         "SweptSdfMeshWarpPy fwd+bwd": f"{threads}; {SWEEP_STEPS} sweep steps",
-        "floor, bound max_dist+r+eta": f"{threads}, same chunking as the cost",
+        "floor, bound max_dist+r+eta": f"{threads}, the cost's thread pool, one sphere per kernel thread",
         "floor, bound max_dist": threads,
         "Open3D compute_signed_distance (CPU)": f"all cores, unbounded search, {n_tri:,} triangles in one BVH",
     }
@@ -396,9 +397,9 @@ def standard_table(b: Bench) -> None:
 
 
 def _threads_for(total: int) -> int:
-    from robot_sdf.launch import _CPU_MIN_SPHERES_PER_THREAD, cpu_threads as n_threads
+    from robot_sdf.launch import _CPU_MIN_SPHERES_PER_POOL_THREAD, cpu_threads as n_threads
 
-    return min(n_threads(), max(1, total // _CPU_MIN_SPHERES_PER_THREAD))
+    return min(n_threads(), max(1, total // _CPU_MIN_SPHERES_PER_POOL_THREAD))
 
 
 def sphere_scaling(b: Bench) -> None:

@@ -26,8 +26,9 @@ import torch
 import warp as wp
 
 from robot_sdf import _internals, face_winding, kernels, mesh_analysis
+from robot_sdf.kernels.native import CPU_SPHERES_PER_THREAD
 
-_CPU_MIN_SPHERES_PER_THREAD = 2048
+_CPU_MIN_SPHERES_PER_POOL_THREAD = 2048
 # CPU launches go straight to the kernel hook (_CpuCall). False sends them through Warp's
 # recorded launch with its packed parameters instead, the path every CUDA launch takes, so that
 # tests run that path on a machine without a GPU (test/cuda_paths_test.py).
@@ -271,17 +272,17 @@ _RUN_KERNELS = (kernels.sphere_cost_kernel, kernels.swept_sphere_cost_kernel, ke
 
 def kernel_threads(kernel, count: int, device: torch.device) -> int:
     """Threads of ``kernel``'s launch over ``count`` items: one per item, except for the query
-    kernels on the CPU, one per run of kernels.CPU_SPHERES_PER_THREAD spheres."""
+    kernels on the CPU, one per run of CPU_SPHERES_PER_THREAD spheres."""
     if device.type == "cuda" or kernel not in _RUN_KERNELS:
         return count
-    return (count + kernels.CPU_SPHERES_PER_THREAD - 1) // kernels.CPU_SPHERES_PER_THREAD
+    return (count + CPU_SPHERES_PER_THREAD - 1) // CPU_SPHERES_PER_THREAD
 
 
 def direct_cpu_call(kernel, device: torch.device, total: int) -> _CpuCall | None:
     """This thread's direct call of ``kernel`` on the CPU, set to ``total`` spheres, when the
     launch runs as one serial chunk and an earlier launch through _launch has recorded it; else
     None (launch through _launch)."""
-    if device.type != "cpu" or total == 0 or total >= 2 * _CPU_MIN_SPHERES_PER_THREAD \
+    if device.type != "cpu" or total == 0 or total >= 2 * _CPU_MIN_SPHERES_PER_POOL_THREAD \
             or not _internals.WARP_SHORTCUTS:
         return None
     entry = _launches.by_kernel.get((kernel, warp_device(device).alias))
@@ -310,7 +311,7 @@ def launch_kernel(kernel, total: int, inputs_before_range: list, outputs: list, 
     if device.type == "cuda":
         _replay(kernel, wdev, total, [*inputs_before_range, 0, total, *outputs], torch_stream(device))
         return
-    threads = 1 if total < 2 * _CPU_MIN_SPHERES_PER_THREAD else min(cpu_threads(), total // _CPU_MIN_SPHERES_PER_THREAD)
+    threads = 1 if total < 2 * _CPU_MIN_SPHERES_PER_POOL_THREAD else min(cpu_threads(), total // _CPU_MIN_SPHERES_PER_POOL_THREAD)
     if threads == 1:
         _replay(kernel, wdev, kernel_threads(kernel, total, device), [*inputs_before_range, 0, total, *outputs])
         return
@@ -326,7 +327,7 @@ def launch_kernel(kernel, total: int, inputs_before_range: list, outputs: list, 
     chunk = (total + threads - 1) // threads
     if kernel in _RUN_KERNELS:
         # Whole runs of spheres, so that no kernel thread's run crosses into the next chunk.
-        chunk = kernel_threads(kernel, chunk, device) * kernels.CPU_SPHERES_PER_THREAD
+        chunk = kernel_threads(kernel, chunk, device) * CPU_SPHERES_PER_THREAD
     # Each pool thread replays its own recorded launch (_launches is per thread).
     futures = [pool.submit(_replay, kernel, wdev, kernel_threads(kernel, min(chunk, total - start), device),
                            [*inputs_before_range, start, total, *outputs])

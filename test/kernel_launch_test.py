@@ -14,19 +14,25 @@ import pytest
 import torch
 
 import reference as ref
-from conftest import build_warp_env
+from conftest import build_warp_env, scalar
 from robot_sdf import _internals, kernels, launch
+from robot_sdf.kernels.native import CPU_SPHERES_PER_THREAD
+from robot_sdf.warp_primitives import launch_sphere_hessian
 from swept_test import run_swept
 from warp_primitives_test import COST_ATOL, ETA, MAX_DIST, np_, random_spheres, run_cost, scene_meshes
 
-# Above 2 * launch._CPU_MIN_SPHERES_PER_THREAD: split into chunks when two threads are allowed.
+# Above 2 * launch._CPU_MIN_SPHERES_PER_POOL_THREAD: split into chunks when two threads are allowed.
 BATCH = (2, 5, 521)  # not a whole number of a CPU thread's runs of spheres
 
 
 def _evaluate(spheres: np.ndarray, wenv) -> tuple:
+    """The three query kernels' outputs: plain cost, swept cost, Hessians."""
     _, cost, grad, sparsity = run_cost(spheres, wenv, "cpu")
     _, swept, swept_grad, _ = run_swept(spheres, wenv, "cpu", 2)
-    return tuple(t.detach().numpy().copy() for t in (cost, grad, sparsity, swept, swept_grad))
+    hessian = launch_sphere_hessian(torch.tensor(spheres, dtype=torch.float32), scalar(1.0, "cpu"), scalar(ETA, "cpu"), wenv.mesh_idx,
+                                    wenv.mesh_pose_inverse, wenv.mesh_enable, wenv.n_env_mesh,
+                                    scalar(MAX_DIST, "cpu"))
+    return tuple(t.detach().numpy().copy() for t in (cost, grad, sparsity, swept, swept_grad, hessian))
 
 
 @pytest.fixture
@@ -39,7 +45,7 @@ def test_serial_chunked_and_public_launches_agree(monkeypatch, fresh_launches):
     meshes = scene_meshes(7)
     wenv = build_warp_env([meshes], "cpu")
     spheres = random_spheres(rng, BATCH, meshes)
-    assert np.prod(BATCH) >= 2 * launch._CPU_MIN_SPHERES_PER_THREAD
+    assert np.prod(BATCH) >= 2 * launch._CPU_MIN_SPHERES_PER_POOL_THREAD
 
     chunks = []
     starts = []
@@ -54,7 +60,7 @@ def test_serial_chunked_and_public_launches_agree(monkeypatch, fresh_launches):
     monkeypatch.setenv("ROBOT_SDF_CPU_THREADS", "1")
     serial = _evaluate(spheres, wenv)
     # One launch of a thread per run of CPU_SPHERES_PER_THREAD spheres.
-    whole = -(-int(np.prod(BATCH)) // kernels.CPU_SPHERES_PER_THREAD)
+    whole = -(-int(np.prod(BATCH)) // CPU_SPHERES_PER_THREAD)
     assert chunks and all(c == whole for c in chunks)
 
     chunks.clear()
@@ -64,7 +70,7 @@ def test_serial_chunked_and_public_launches_agree(monkeypatch, fresh_launches):
     assert chunks and all(c < whole for c in chunks)  # the pool ran chunks
     # Each chunk starts a run (no thread's run reaches into the next chunk) and the chunks of a
     # launch cover every run once.
-    assert all(s % kernels.CPU_SPHERES_PER_THREAD == 0 for s in starts) and sum(chunks) == 2 * whole
+    assert all(s % CPU_SPHERES_PER_THREAD == 0 for s in starts) and sum(chunks) == 3 * whole
 
     monkeypatch.setattr(_internals, "WARP_SHORTCUTS", False)
     public = _evaluate(spheres, wenv)
@@ -135,8 +141,25 @@ def test_a_kernel_new_to_the_device_is_loaded_before_the_pool_runs_it(monkeypatc
             out[tid] = values[tid] * factor
 
     _both_pool_threads_at_once(monkeypatch)
-    values = torch.arange(4 * launch._CPU_MIN_SPHERES_PER_THREAD, dtype=torch.float32)
+    values = torch.arange(4 * launch._CPU_MIN_SPHERES_PER_POOL_THREAD, dtype=torch.float32)
     out = torch.zeros_like(values)
     launch.launch_kernel(scaled, values.numel(), [launch.descriptor(values), 3.0], [launch.descriptor(out)],
                          torch.device("cpu"))
     np.testing.assert_array_equal(out.numpy(), values.numpy() * 3.0)
+
+
+def test_a_small_launch_takes_the_direct_call_with_one_thread_per_run(monkeypatch, fresh_launches):
+    """Below the pool's threshold a launch goes straight to the kernel hook (the second call on a
+    thread); its recorded size must follow the sphere count in runs, and the last, partial run
+    must be computed too."""
+    rng = np.random.default_rng(9)
+    meshes = scene_meshes(5)
+    wenv = build_warp_env([meshes], "cpu")
+    monkeypatch.setenv("ROBOT_SDF_CPU_THREADS", "1")
+    for shape in ((1, 3, 100), (2, 5, 77)):  # recorded, then the direct call at a new size
+        spheres = random_spheres(rng, shape, meshes)
+        _, cost, _, _ = run_cost(spheres, wenv, "cpu")
+        c_ref, _ = ref.sphere_cost(spheres, [meshes], ETA, 1.0, MAX_DIST)
+        np.testing.assert_allclose(np_(cost), c_ref, atol=COST_ATOL, rtol=1e-4)
+        threads = launch._launches.by_kernel[(kernels.sphere_cost_kernel, "cpu")][1]
+        assert threads == -(-int(np.prod(shape)) // CPU_SPHERES_PER_THREAD)

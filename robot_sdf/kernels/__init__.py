@@ -13,7 +13,7 @@
     hessian          sphere_hessian_kernel: second derivatives of the plain cost and the ESDF
 
 A module imports only modules above it in this list. The query kernels take one sphere per
-thread on CUDA and a run of CPU_SPHERES_PER_THREAD on the CPU (slot_walk.thread_spheres); every
+thread on CUDA and a run of native.CPU_SPHERES_PER_THREAD on the CPU (slot_walk.thread_spheres); every
 kernel writes every output element it owns, so callers may hand in uninitialised buffers. Gradients are
 analytic, so no Warp adjoint code is generated (enable_backward False, here and in each module).
 
@@ -36,8 +36,8 @@ wp.set_module_options({"enable_backward": False})
 
 from robot_sdf.kernels.closest_point import UNBOUNDED  # noqa: E402
 from robot_sdf.kernels.hessian import sphere_hessian_kernel  # noqa: E402
-from robot_sdf.kernels.native import (CPU_SPHERES_PER_THREAD, face_of, mesh_closest_points,  # noqa: E402
-                                      mesh_winding_numbers, warp_inside, winding_number)
+from robot_sdf.kernels.native import (face_of, mesh_closest_points, mesh_winding_numbers,  # noqa: E402
+                                      warp_inside, winding_number)
 from robot_sdf.kernels.plain_cost import point_world_esdf, sphere_cost_kernel, sphere_world_cost  # noqa: E402
 from robot_sdf.kernels.sign_data import (SIGN_AUTO, SIGN_DEFAULT, SIGN_NORMAL, SIGN_PARITY,  # noqa: E402
                                          SIGN_PER_SLOT, SIGN_WINDING_NUMBER, sign_data_offset)
@@ -47,7 +47,7 @@ from robot_sdf.kernels.winding import (COARSEST_WINDING_ACCURACY, COARSEST_WINDI
                                        WINDING_ACCURACY, WINDING_APPROXIMATION_ERROR, rim_slope)
 
 __all__ = [
-    "CPU_SPHERES_PER_THREAD", "COARSEST_WINDING_ACCURACY", "COARSEST_WINDING_SETTLED", "SIGN_AUTO", "SIGN_DEFAULT", "SIGN_NORMAL",
+    "COARSEST_WINDING_ACCURACY", "COARSEST_WINDING_SETTLED", "SIGN_AUTO", "SIGN_DEFAULT", "SIGN_NORMAL",
     "SIGN_PARITY", "SIGN_PER_SLOT", "SIGN_WINDING_NUMBER", "UNBOUNDED", "WINDING_ACCURACY",
     "WINDING_APPROXIMATION_ERROR", "World", "face_of", "mesh_closest_points", "mesh_winding_numbers", "rim_slope",
     "sign_data_offset", "slot_boxes_kernel", "slot_pose", "sphere_cost_kernel", "sphere_hessian_kernel",

@@ -69,7 +69,8 @@ def mesh_average_edge_length(mesh: wp.uint64) -> float:
 # A query kernel's thread handles CPU_SPHERES_PER_THREAD consecutive spheres on the CPU, one on
 # CUDA (robot_sdf.launch sizes the launches to match). Warp's CPU launch copies every kernel
 # argument, the World struct included, for each thread index: at one sphere a thread that cost
-# about 3 ns a sphere, more than the whole query of a sphere far from every mesh.
+# about 3 ns a sphere, more than the whole query of a sphere far from every mesh. Read-only: the
+# kernels' code holds the value it had when this module was imported.
 CPU_SPHERES_PER_THREAD = 16
 
 

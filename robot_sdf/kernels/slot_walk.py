@@ -96,7 +96,7 @@ def env_slots(env: int, p: wp.vec3, reach: float, world: World) -> EnvSlots:
     slots = EnvSlots()
     # A relative 1e-5 wider than the queries' own reach tests, whose sums round differently: a slot
     # slot_at passes over would have found nothing.
-    slots.reach = reach * 1.00001 + 1.0e-6
+    slots.reach = reach + wp.abs(reach) * 1.0e-5 + 1.0e-6
     slots.count = wp.min(world.n_env_mesh[env], world.mesh_idx.shape[1])
     slots.iterations = slots.count
     slots.listed = 0

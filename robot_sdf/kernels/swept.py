@@ -98,7 +98,7 @@ def slot_beyond_reach(mesh: wp.uint64, cull_radius: float, sign_method: int, p: 
         return False
     # A relative 1e-5 wider than the slot costs' own tests, whose sums round differently.
     data, method = mesh_sign_method(mesh, sign_method)
-    return out_of_reach(mesh, data, p, reach * 1.00001 + 1.0e-6)
+    return out_of_reach(mesh, data, p, reach + wp.abs(reach) * 1.0e-5 + 1.0e-6)
 
 
 @wp.func
@@ -227,8 +227,8 @@ def swept_sphere_cost_kernel(
     fraction s with weight w and cost gradient g adds w (1 - s) g to d cost_t / d p[t] and w s g
     to the partial towards its neighbour step. out_partials (3 * total) holds them by the step they
     are taken at (robot_sdf.warp_primitives.SweptPartials: row k of sphere i, at k * total + i,
-    is d cost of step(i) - 1 + k / d p of sphere i, radius component 0): each thread writes its own
-    row 1, row 2 of its previous step and row 0 of its next one, and at the trajectory's ends the
+    is d cost of step(i) - 1 + k / d p of sphere i, radius component 0): each sphere's step writes
+    its own row 1, row 2 of its previous step and row 0 of its next one, and at the trajectory's ends the
     row that no neighbour writes (0). With the speed metric applied to a step, its whole (CHOMP)
     gradient goes to d cost_t / d p[t] and both neighbour partials are 0.
     out_evaluations (when count_evaluations): points of the sphere's slot searched for at least

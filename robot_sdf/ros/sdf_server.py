@@ -486,6 +486,9 @@ class SdfServer(Node):
 
     def _publish_diagnostics(self) -> None:
         try:
+            # Stamped before the counters are read: a reader that waits for a message stamped after
+            # some moment gets counts taken after it.
+            stamp = self.get_clock().now().to_msg()
             details = {**self._world_updates.diagnostics(),
                        "state_saves": str(self._saver.saves if self._saver is not None else 0),
                        "heap_trims": str(self._trim.trims),
@@ -493,7 +496,7 @@ class SdfServer(Node):
             status = diagnostic_status(f"{self.get_fully_qualified_name().lstrip('/')}: mesh world", self.world,
                                        self.config, self._stats, self._health, self._world_updates.rejected, details)
             msg = DiagnosticArray(status=[status])
-            msg.header.stamp = self.get_clock().now().to_msg()
+            msg.header.stamp = stamp
             self._diag_pub.publish(msg)
         except Exception as exc:  # noqa: BLE001
             self.get_logger().error(f"diagnostics: {exc!r}")
