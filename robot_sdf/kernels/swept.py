@@ -68,23 +68,16 @@ def step_neighbours(spheres: wp.array(dtype=wp.vec4), tid: int, step: int, horiz
 
 
 @wp.func
-def closed_search_bound(p: wp.vec3, prev: wp.vec3, nxt: wp.vec3, has_prev: int, has_next: int,
-                        max_dist: float) -> float:
+def closed_search_bound(half_len: float, max_dist: float) -> float:
     """swept_slot_cost's bound0: how far (besides r + eta) p is searched on a mesh whose sign is a
-    closed surface's. The cost only needs surfaces within r + eta; a larger bound only buys
-    clearance, and clearance beyond the farthest sample (half way to a neighbour) frees nothing,
-    so the search reaches max_dist only where a neighbour is that far, which makes queries near
-    surfaces much cheaper. A stationary or isolated step keeps the plain bound (max_dist), so it
-    reproduces the plain cost bit for bit."""
-    reach0 = float(0.0)
-    if has_prev == 1:
-        reach0 = wp.max(reach0, 0.5 * wp.length(prev - p))
-    if has_next == 1:
-        reach0 = wp.max(reach0, 0.5 * wp.length(nxt - p))
-    bound0 = max_dist
-    if reach0 > 0.0:
-        bound0 = wp.min(max_dist, reach0 * REACH_MARGIN + REACH_SLACK)
-    return bound0
+    closed surface's, for a step whose farthest sample is ``half_len`` (m) from p. The cost only
+    needs surfaces within r + eta; a larger bound only buys clearance, and clearance beyond the
+    farthest sample frees nothing, so the search reaches max_dist only where a neighbour is that
+    far, which makes queries near surfaces much cheaper. A stationary or isolated step keeps the
+    plain bound (max_dist), so it reproduces the plain cost bit for bit."""
+    if half_len > 0.0:
+        return wp.min(max_dist, half_len * REACH_MARGIN + REACH_SLACK)
+    return max_dist
 
 
 @wp.func
@@ -116,7 +109,9 @@ def swept_step_cost(p: wp.vec3, prev: wp.vec3, nxt: wp.vec3, has_prev: int, has_
     one (swept_slot_cost's own early-out then sees the same slots as the plain loop would let
     through), else slot after slot."""
     n_sides = has_prev + has_next
-    bound0 = closed_search_bound(p, prev, nxt, has_prev, has_next, max_dist)
+    # Every sample lies within half the longer segment of p.
+    half_len = 0.5 * wp.max(float(has_prev) * wp.length(prev - p), float(has_next) * wp.length(nxt - p))
+    bound0 = closed_search_bound(half_len, max_dist)
     c0 = float(0.0)
     g0 = wp.vec3(0.0, 0.0, 0.0)
     delta = float(0.0)
@@ -125,7 +120,6 @@ def swept_step_cost(p: wp.vec3, prev: wp.vec3, nxt: wp.vec3, has_prev: int, has_
     to_next = wp.vec3(0.0, 0.0, 0.0)
     mask_prev = int(0)
     mask_next = int(0)
-    half_len = 0.5 * wp.max(float(has_prev) * wp.length(prev - p), float(has_next) * wp.length(nxt - p))
     # As swept_slot_cost's batched test: a stationary step keeps the plain query of p.
     moving = n_sides > 0 and half_len > 0.0
     slot_reach = max_dist + radius + eta + half_len
