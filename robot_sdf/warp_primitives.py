@@ -708,7 +708,7 @@ class SweptSdfMeshWarpPy(_SweptSdfMeshWarpPy):
     summed cost (what cuRobo-style MPCs read); backward applies the chain rule for any
     grad_output from the per-step partials computed in forward (swept_chain_rule), jvp the
     forward-mode one (swept_jvp). ``apply`` returns out_cost; inside, forward also returns the
-    partials (3,b,h,n,3) as a non-differentiable output. torch.func's transforms work as for
+    partials (3,b,h,n,4) as a non-differentiable output. torch.func's transforms work as for
     SdfMeshWarpPy; double backward is refused with torch's once_differentiable error. A trailing
     ``compute_grad`` (None: robot_sdf._internals.may_need_gradient) may force or skip the partials.
     """
