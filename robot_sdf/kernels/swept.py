@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import warp as wp
 
-from robot_sdf.kernels.signed_distance import REACH_MARGIN, REACH_SLACK, mesh_sign_method, out_of_reach
+from robot_sdf.kernels.signed_distance import REACH_MARGIN, REACH_SLACK, mesh_sign_method, out_of_reach, sign_is_closed
 from robot_sdf.kernels.slot_walk import World, env_slots, query_env, slot_at, slot_sign_method, thread_spheres
 from robot_sdf.kernels.swept_slot import open_swept_sign, open_swept_slot_cost, swept_slot_cost
 
@@ -133,6 +133,13 @@ def swept_step_cost(p: wp.vec3, prev: wp.vec3, nxt: wp.vec3, has_prev: int, has_
         cull_radius = world.pose_inv[env, slot, 7]
         if slot_beyond_reach(mesh, cull_radius, slot_method, p_mesh, slot_reach):
             continue
+        if cull_radius > 0.0 and wp.length(p_mesh) > cull_radius + (bound0 + radius + eta) + half_len:
+            # Beyond every search swept_slot_cost makes on a closed surface (the test it starts
+            # with), before the segments are rotated into the mesh frame; open surfaces search
+            # farther (slot_reach).
+            data, method = mesh_sign_method(mesh, slot_method)
+            if sign_is_closed(mesh, data):
+                continue
         seg_prev = wp.quat_rotate(q, prev - p)
         seg_next = wp.quat_rotate(q, nxt - p)
         c_i = float(0.0)
