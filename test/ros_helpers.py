@@ -124,14 +124,24 @@ class RosHarness:
     def client(self, srv_type, name: str):
         return self.node.create_client(srv_type, name)
 
-    def call(self, client, request, timeout: float = 60.0):
-        event = threading.Event()
-        future = client.call_async(request)
-        future.add_done_callback(lambda _: event.set())
-        if not event.wait(timeout):
+    def call(self, client, request, timeout: float = 60.0, resend_after: float | None = None):
+        """The service's response to ``request``, or AssertionError after ``timeout`` s. With
+        ``resend_after`` (read-only requests only) the request is sent again each time that many
+        seconds pass unanswered: a response can be lost while the server's response writer has not
+        yet matched this client's reader (Fast DDS waits 100 ms for it, then drops the response:
+        ros2/rmw_fastrtps#390, #467), which a loaded machine makes likely right after the service
+        appeared."""
+        deadline = time.monotonic() + timeout
+        while True:
+            event = threading.Event()
+            future = client.call_async(request)
+            future.add_done_callback(lambda _: event.set())
+            left = deadline - time.monotonic()
+            if event.wait(left if resend_after is None else min(left, resend_after)):
+                return future.result()
             client.remove_pending_request(future)
-            raise AssertionError(f"{client.service_name}: no response within {timeout} s")
-        return future.result()
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"{client.service_name}: no response within {timeout} s")
 
     def signed_distance(self, client, points, max_distance: float = 1.0) -> tuple[np.ndarray, int]:
         """query_signed_distance of world points (n,3) through ``client``: (distance (n,), world
@@ -141,7 +151,7 @@ class RosHarness:
 
         request = QuerySignedDistance.Request(max_distance=float(max_distance))
         request.points = float32_array(np.asarray(points, np.float32).reshape(-1))
-        response = self.call(client, request)
+        response = self.call(client, request, resend_after=10.0)
         assert response.success, response.message
         return np.frombuffer(response.distance, np.float32).copy(), response.world_revision
 
