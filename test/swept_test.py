@@ -116,13 +116,16 @@ def scene(seed: int) -> list[ref.RefMesh]:
 
 
 def random_trajectories(rng: np.random.Generator, b: int, h: int, n: int, step: float = 0.08,
-                        off_fraction: float = 0.1) -> np.ndarray:
-    """(b,h,n,4) random walks through the scene; a few spheres switched off (radius -1)."""
-    start = rng.uniform([-0.5, -0.3, -0.3], [0.5, 0.3, 0.3], size=(b, 1, n, 3))
+                        off_fraction: float = 0.1, lower=(-0.5, -0.3, -0.3), upper=(0.5, 0.3, 0.3),
+                        radii=(0.01, 0.06)) -> np.ndarray:
+    """(b,h,n,4) random walks (steps of ``step`` m per axis, normal) from starts uniform in the box
+    [lower, upper] (default: the scene's), radii uniform in ``radii``; a fraction of the spheres
+    switched off (radius -1)."""
+    start = rng.uniform(lower, upper, size=(b, 1, n, 3))
     walk = np.cumsum(rng.normal(scale=step, size=(b, h, n, 3)), axis=1)
     walk[:, 0] = 0.0
     p = start + walk
-    r = rng.uniform(0.01, 0.06, size=(b, h, n, 1))
+    r = rng.uniform(*radii, size=(b, h, n, 1))
     r[rng.uniform(size=r.shape) < off_fraction] = -1.0
     return np.concatenate([p, r], axis=-1)
 
@@ -628,13 +631,8 @@ def test_rim_shortcut_keeps_the_winding_verdicts_through_a_bowl_opening(device, 
     v, t = open_bowl()
     world, mesh_id, meshes = _warp_winding_world(v, t, device, max_dist, SignMethod.AUTO)
     assert world.mesh_info("m")["sign_method"] == "winding_number"
-    rng = np.random.default_rng(31 + sweep_steps)
-    b, h, n = 8, 8, 12
-    start = rng.uniform([-0.08, -0.08, 0.0], [0.08, 0.08, 0.16], size=(b, 1, n, 3))
-    walk = np.cumsum(rng.normal(scale=0.025, size=(b, h, n, 3)), axis=1)
-    walk[:, 0] = 0.0
-    radius = rng.uniform(0.02, 0.07, size=(b, h, n, 1))
-    s = np.concatenate([start + walk, radius], axis=-1)
+    s = random_trajectories(np.random.default_rng(31 + sweep_steps), 8, 8, 12, step=0.025, off_fraction=0.0,
+                            lower=(-0.08, -0.08, 0.0), upper=(0.08, 0.08, 0.16), radii=(0.02, 0.07))
     c_ref, g_ref, pts, owner = _reference_and_points(s, meshes, v, t, max_dist, sweep_steps)
     n_spheres = s[..., 0].size
     # Left out: spheres with a point on the surface or whose verdict float32 rounding of the sample
@@ -671,13 +669,8 @@ def test_open_surface_inside_beyond_its_box(device, sweep_steps):
     v = np.concatenate([v1] * 3)
     t = np.concatenate([t1 + k * len(v1) for k in range(3)])
     world, mesh_id, meshes = _warp_winding_world(v, t, device, max_dist, SignMethod.WINDING_NUMBER)
-    rng = np.random.default_rng(41 + sweep_steps)
-    b, h, n = 8, 8, 12
-    start = rng.uniform([-0.4, -0.4, 0.12], [0.4, 0.4, 0.7], size=(b, 1, n, 3))
-    walk = np.cumsum(rng.normal(scale=0.015, size=(b, h, n, 3)), axis=1)
-    walk[:, 0] = 0.0
-    radius = rng.uniform(0.02, 0.05, size=(b, h, n, 1))
-    s = np.concatenate([start + walk, radius], axis=-1)
+    s = random_trajectories(np.random.default_rng(41 + sweep_steps), 8, 8, 12, step=0.015, off_fraction=0.0,
+                            lower=(-0.4, -0.4, 0.12), upper=(0.4, 0.4, 0.7), radii=(0.02, 0.05))
     c_ref, g_ref, pts, owner = _reference_and_points(s, meshes, v, t, max_dist, sweep_steps)
     # Left out: spheres with a point whose verdict float32 rounding could flip.
     bad = warp_winding_inside(mesh_id, pts, 0.499) != warp_winding_inside(mesh_id, pts, 0.501)
