@@ -86,7 +86,10 @@ def batched_feature(mesh: wp.uint64, data: int, q: wp.vec3, face: int, winding: 
 class SweptBatches:
     """The shared BVH traversals of one mesh's swept step on swept_slot_cost's batched path
     (mesh_closest_points: lane 0 the centre p, then samples), and the samples each covers; a
-    side's samples are counted from k = 1."""
+    side's samples are counted from k = 1. swept_slot_cost owns it and writes its fields in place:
+    a function returning it, or an assignment of it in a branch, copies it whole (Warp's code
+    merges each branch's values), which, once per sample, cost 3 % of the swept time on the
+    standard scene."""
 
     first: vec16  # p, then side 0's samples 1 .. n_first, then side 1's (lanes of the sides that exist)
     n_first: int
@@ -230,73 +233,52 @@ def swept_centre(mesh: wp.uint64, cull_radius: float, sign_method: int, p: wp.ve
 
 
 @wp.func
-def batched_sample(mesh: wp.uint64, p: wp.vec3, q: wp.vec3, seg_prev: wp.vec3, seg_next: wp.vec3,
-                   segment: wp.vec3, seg_len: float, side: int, k: int, sk: float, has_prev: int, has_next: int,
-                   found: int, chain_abs: float, chain_inside: bool, reach_b: float, sweep_steps: int, data: int,
-                   winding: bool, chain: SideChain, batches: SweptBatches):
-    """Sample k of a side (at q) on swept_slot_cost's batched path: its closest point from the
-    traversal that covers it (the first, the deep one, or one more for this side, run here where
-    needed). Returns (found, sd, grad_sd, whether the full test must still decide, the traversals):
-    nothing within r + eta needs the full test only where the last point of the side evaluated is
-    inside or near enough for a crossing in between."""
+def batched_face(batches: SweptBatches, side: int, k: int, has_prev: int):
+    """(face, searched) of sample k of a side on swept_slot_cost's batched path: the closest
+    triangle the traversal that covers it found (-1 for none), and whether that was a traversal
+    of this side's samples or of the deep ones (the first traversal searched them within r + eta
+    only)."""
     n_first = batches.n_first
-    inv_2k = 1.0 / (2.0 * float(sweep_steps))
-    first_entry = wp.where(side == 1, has_prev * n_first, 0)
-    face = int(-1)
     covered = k >= batches.side_start and k < batches.side_end
     in_deep = (side == 0 and k >= batches.deep_lo0 and k < batches.deep_hi0) or (
         side == 1 and k >= batches.deep_lo1 and k < batches.deep_hi1)
+    face = int(-1)
     if covered:
         face = face_of(batches.side[1 + k - batches.side_start])
     elif in_deep:
         face = face_of(batches.deep[wp.where(side == 0, 1 + k - batches.deep_lo0,
                                              1 + batches.deep_hi0 - batches.deep_lo0 + k - batches.deep_lo1)])
     elif k <= n_first:
-        face = face_of(batches.first[first_entry + k])
-    if face < 0 and not covered and not in_deep and k <= n_first and chain_inside and chain.last_inside \
-            and not batches.deep_done:
-        # p is inside deeper than r + eta: this side's samples from here on and, when the other
-        # side's first sample found nothing within r + eta either, that side's samples, in one
-        # traversal (each within the Lipschitz bound from p: found for sure, no ray).
-        batches.deep_done = True
-        if side == 0:
-            batches.deep_lo0 = k
-            batches.deep_hi0 = n_first + 1
-            if has_next == 1:
-                if face_of(batches.first[first_entry + n_first + 1]) < 0:
-                    batches.deep_lo1 = 1
-                    batches.deep_hi1 = n_first + 1
-        else:
-            batches.deep_lo1 = k
-            batches.deep_hi1 = n_first + 1
-        batches.deep = mesh_closest_points(mesh, p, 0.0, seg_prev, float(batches.deep_lo0) * inv_2k,
-                                           batches.deep_hi0 - batches.deep_lo0, seg_next,
-                                           float(batches.deep_lo1) * inv_2k, batches.deep_hi1 - batches.deep_lo1,
-                                           inv_2k, reach_b, chain_abs, True, False, has_slivers(mesh, data))
-        face = face_of(batches.deep[1])
-        in_deep = True
-    if face < 0 and not covered and not in_deep and (k > n_first or (chain_inside and chain.last_inside)):
-        # The samples from here on, in one more traversal: beyond the first batch, or p is inside
-        # deeper than r + eta (each sample is then searched within the Lipschitz bound from p:
-        # found for sure, no ray).
-        batches.side_start = k
-        batches.side_end = wp.min(sweep_steps + 1, k + SWEPT_BATCH)
-        batches.side = mesh_closest_points(mesh, p, 0.0, segment, sk, batches.side_end - k, segment, 0.0, 0,
-                                           inv_2k, reach_b, wp.where(found != 0, chain_abs, -1.0), chain_inside,
-                                           False, has_slivers(mesh, data))
-        face = face_of(batches.side[1])
-    found_k = int(0)
-    sd_k = float(0.0)
-    grad_k = wp.vec3(0.0, 0.0, 0.0)
-    full = bool(True)
+        face = face_of(batches.first[wp.where(side == 1, has_prev * n_first, 0) + k])
+    return face, covered or in_deep
+
+
+@wp.func
+def deep_sample_ranges(side: int, k: int, has_next: int, n_first: int, next_first_face: int):
+    """(lo0, hi0, lo1, hi1): the samples of the deep traversal that sample k of ``side`` starts
+    (p inside deeper than r + eta): this side's from k on and, when the other side's first sample
+    (its face in the first traversal: next_first_face) found nothing within r + eta either, that
+    side's; each range lo .. hi - 1, empty when lo == hi."""
+    if side == 0:
+        if has_next == 1 and next_first_face < 0:
+            return k, n_first + 1, 1, n_first + 1
+        return k, n_first + 1, 0, 0
+    return 0, 0, k, n_first + 1
+
+
+@wp.func
+def batched_result(mesh: wp.uint64, data: int, q: wp.vec3, face: int, winding: bool, chain: SideChain, sk: float,
+                   seg_len: float, reach_b: float):
+    """(found, sd, grad_sd, whether the full test must still decide) of a sample at q on
+    swept_slot_cost's batched path from its closest face (-1 for none within its traversal's
+    reach): nothing within r + eta needs the full test only where the last point of the side
+    evaluated is inside or near enough for a crossing in between."""
     if face >= 0:
         d_vec, dist, inside, outward = batched_feature(mesh, data, q, face, winding)
-        sd_k, grad_k = signed_result(d_vec, dist, inside, outward)
-        found_k = 1
-        full = False
-    elif not chain.last_inside and chain.last_abs + reach_b > (sk - chain.last_s) * seg_len:
-        full = False
-    return found_k, sd_k, grad_k, full, batches
+        sd, grad_sd = signed_result(d_vec, dist, inside, outward)
+        return int(1), sd, grad_sd, False
+    full = chain.last_inside or chain.last_abs + reach_b <= (sk - chain.last_s) * seg_len
+    return int(0), float(0.0), wp.vec3(0.0, 0.0, 0.0), full
 
 
 @wp.func
@@ -306,10 +288,9 @@ def swept_sample(mesh: wp.uint64, cull_radius: float, sign_method: int, p: wp.ve
                  found_k: int, sd_k: float, grad_k: wp.vec3, full: bool, chain: SideChain):
     """Cost and cost gradient (mesh frame) of sample k of a side that no clearance skipped, with
     the side's chain brought up to date: (ck, gk, chain). Batched, the traversals gave its closest
-    point within r + eta (batched_sample's found_k, sd_k, grad_k, and whether the full test must
+    point within r + eta (batched_result's found_k, sd_k, grad_k, and whether the full test must
     still decide); else, and where the full test must decide, mesh_signed_distance: on a closed
-    surface within what a later sample's clearance could use, elsewhere the plain query. (The
-    caller runs batched_sample: the traversals it carries are large to pass by value.)"""
+    surface within what a later sample's clearance could use, elsewhere the plain query."""
     reach_b = radius + eta
     seg_len = wp.length(segment)
     q = p + segment * sk
@@ -452,9 +433,35 @@ def swept_slot_cost(
                 grad_k = wp.vec3(0.0, 0.0, 0.0)
                 full = bool(True)
                 if batched:
-                    found_k, sd_k, grad_k, full, batches = batched_sample(
-                        mesh, p, p + segment * sk, seg_prev, seg_next, segment, seg_len, side, k, sk, has_prev,
-                        has_next, found, chain_abs, chain_inside, reach_b, sweep_steps, data, winding, chain, batches)
+                    # The sample's closest face from the traversal that covers it, where needed
+                    # from one more: the deep one (p inside deeper than r + eta: this side's samples
+                    # from here on, and the other side's where its first found nothing either),
+                    # or this side's samples from here on (beyond the first traversal). Their
+                    # samples are searched within the Lipschitz bound from p: found for sure.
+                    face, searched = batched_face(batches, side, k, has_prev)
+                    deep_now = k <= batches.n_first and chain_inside and chain.last_inside
+                    if face < 0 and not searched and deep_now and not batches.deep_done:
+                        lo0, hi0, lo1, hi1 = deep_sample_ranges(
+                            side, k, has_next, batches.n_first, face_of(batches.first[has_prev * batches.n_first + 1]))
+                        batches.deep_done = True
+                        batches.deep_lo0 = lo0
+                        batches.deep_hi0 = hi0
+                        batches.deep_lo1 = lo1
+                        batches.deep_hi1 = hi1
+                        batches.deep = mesh_closest_points(mesh, p, 0.0, seg_prev, float(lo0) * inv_2k, hi0 - lo0,
+                                                           seg_next, float(lo1) * inv_2k, hi1 - lo1, inv_2k, reach_b,
+                                                           chain_abs, True, False, has_slivers(mesh, data))
+                        face = face_of(batches.deep[1])
+                    elif face < 0 and not searched and (k > batches.n_first or deep_now):
+                        batches.side_start = k
+                        batches.side_end = wp.min(sweep_steps + 1, k + SWEPT_BATCH)
+                        batches.side = mesh_closest_points(mesh, p, 0.0, segment, sk, batches.side_end - k, segment,
+                                                           0.0, 0, inv_2k, reach_b,
+                                                           wp.where(found != 0, chain_abs, -1.0), chain_inside, False,
+                                                           has_slivers(mesh, data))
+                        face = face_of(batches.side[1])
+                    found_k, sd_k, grad_k, full = batched_result(mesh, data, p + segment * sk, face, winding, chain,
+                                                                 sk, seg_len, reach_b)
                 ck, gk, chain = swept_sample(mesh, cull_radius, sign_method, p, seg_prev, seg_next, segment, side, k,
                                              sk, has_prev, has_next, radius, eta, max_dist, sweep_steps, sign_closed,
                                              batched, found_k, sd_k, grad_k, full, chain)
@@ -498,6 +505,16 @@ class RimShortcut:
     delta: wp.vec3
     dist: float
     outward: wp.vec3
+
+
+@wp.struct
+class LaterBatch:
+    """open_swept_slot_cost's traversal of a side's samples beyond the first traversal: its entries
+    (lane 1 on: samples start .. end - 1; mesh_closest_points)."""
+
+    entries: vec16
+    start: int
+    end: int
 
 
 @wp.func
@@ -711,17 +728,21 @@ def open_swept_slot_cost(
             return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
     inv_2k = 1.0 / (2.0 * float(sweep_steps))
     n_first = wp.min(sweep_steps, SWEPT_SIDE_BATCH)
-    batch = vec16()
     tie_margin = warp_tie_margin(mesh)
-    side_batch = vec16()
-    batch_start = int(0)
-    batch_end = int(0)
+    # The first traversal (p and up to n_first samples a side) and the winding numbers of what it
+    # found, before the loop: assigned in it, they would be copied at every branch of every point.
+    batch, unused_n = open_traversal(mesh, p, True, 0, 0.0, seg_prev, seg_prev, seg_next, has_prev, has_next,
+                                     n_first, sweep_steps, inv_2k, reach, -1.0, data)
+    rim = RimShortcut()
+    if winding:
+        rim = open_centre_windings(mesh, data, p, seg_prev, seg_next, has_prev, has_next, n_first, inv_2k, reach_b,
+                                   batch)
+    later = LaterBatch()
     p_abs = float(-1.0)
     last_abs = float(-1.0)
     last_s = float(0.0)
     to_neighbour = wp.vec3(0.0, 0.0, 0.0)
     mask = int(0)
-    rim = RimShortcut()
     # Point 0 is p, then side 0's samples k = 1..K, then side 1's: one evaluation site for all.
     for i in range(2 * sweep_steps + 1):
         side = wp.where(i > sweep_steps, 1, 0)
@@ -731,31 +752,24 @@ def open_swept_slot_cost(
         segment = wp.where(side == 0, seg_prev, seg_next)
         if k == 1:
             # A side starts: its chain of exact distances starts at p.
-            batch_start = 0
-            batch_end = 0
+            later.start = 0
+            later.end = 0
             last_abs = p_abs
             last_s = 0.0
             to_neighbour = wp.vec3(0.0, 0.0, 0.0)
             mask = 0
         sk = float(k) * inv_2k
         q = p + segment * sk
-        # The traversals, at one call site: first p and up to n_first samples a side, then, where
-        # a side has more, SWEPT_BATCH more at a time (within the Lipschitz bound from p).
-        first = i == 0
-        if first or (k > n_first and k >= batch_end):
-            fresh, n_more = open_traversal(mesh, p, first, k, sk, segment, seg_prev, seg_next, has_prev, has_next,
+        if k > n_first and k >= later.end:
+            # Where a side has more samples than the first traversal took, SWEPT_BATCH more at a
+            # time (within the Lipschitz bound from p).
+            fresh, n_more = open_traversal(mesh, p, False, k, sk, segment, seg_prev, seg_next, has_prev, has_next,
                                            n_first, sweep_steps, inv_2k, reach, p_abs, data)
-            if first:
-                batch = fresh
-                if winding:
-                    rim = open_centre_windings(mesh, data, p, seg_prev, seg_next, has_prev, has_next, n_first, inv_2k,
-                                               reach_b, batch)
-            else:
-                side_batch = fresh
-                batch_start = k
-                batch_end = k + n_more
-        entry, lane, in_side_batch = open_entry(batch, side_batch, i, k, side, has_prev, n_first, batch_start,
-                                                batch_end)
+            later.entries = fresh
+            later.start = k
+            later.end = k + n_more
+        entry, lane, in_side_batch = open_entry(batch, later.entries, i, k, side, has_prev, n_first, later.start,
+                                                later.end)
         found, sd, grad_sd = open_point(mesh, cull_radius, sign_method, q, i, side, sk, segment, entry, lane,
                                         in_side_batch, winding, data, rim, bound, reach_b, last_abs, last_s,
                                         tie_margin)
