@@ -130,36 +130,41 @@ def test_a_search_within_need_first_gives_the_full_searchs_results_below_need(na
 
 
 @wp.kernel
-def _out_of_reach_kernel(mesh: wp.uint64, pts: wp.array(dtype=wp.vec3), reach: wp.array(dtype=float),
-                         out: wp.array(dtype=wp.int32)):
+def _out_of_reach_kernel(mesh: wp.uint64, cull_radius: float, pts: wp.array(dtype=wp.vec3),
+                         reach: wp.array(dtype=float), out: wp.array(dtype=wp.int32)):
     i = wp.tid()
     data = sign_data_offset(mesh)
-    out[i] = wp.where(signed_distance.out_of_reach(mesh, data, pts[i], reach[i]), 1, 0)
+    out[i] = wp.where(signed_distance.out_of_reach(mesh, data, cull_radius, pts[i], reach[i]), 1, 0)
 
 
 @pytest.mark.parametrize("name, given", [("capsule", "auto"), ("nested_shells", "auto"), ("open_cup", "auto"),
-                                         ("capsule", "raw"), ("open_cup", "raw")])
+                                         ("capsule", "raw"), ("open_cup", "raw"), ("open_cup", "cull radius"),
+                                         ("nested_shells", "cull radius")])
 def test_out_of_reach_only_where_nothing_is_within_reach(name, given):
-    """out_of_reach (the cull of slots without a cull radius) is True only where the reference finds
-    no surface point within ``reach`` and the point is not inside (winding number < 0.5); and it is
-    True wherever the vertices' bounding box is farther than reach (it culls what a box test
-    would), so the cull is not vacuous."""
+    """out_of_reach is True only where the reference finds no surface point within ``reach`` and
+    the point is not inside (winding number < 0.5): by the mesh's own bounds (slots without a cull
+    radius: MeshWorld's meshes, raw ones), or by MeshWorld's cull radius of the mesh; and it is True
+    wherever the vertices' bounding box (or the cull sphere) is farther than reach, so the cull is
+    not vacuous."""
     case = next(c for c in corpus.CORPUS if c.name == name)
     v, t = case.build()
+    cull_radius = 0.0
     if given == "raw":
         keep = wp.Mesh(points=wp.array(np.asarray(v, np.float32), dtype=wp.vec3, device="cpu"),
                        indices=wp.array(np.asarray(t, np.int32).ravel(), dtype=wp.int32, device="cpu"))
         mesh_id, shift = keep.id, np.zeros(3)
     else:
-        keep, mesh_id, shift, _ = _world_mesh(v, t, given)
+        keep, mesh_id, shift, radius = _world_mesh(v, t, "auto")
+        if given == "cull radius":
+            cull_radius = radius
     rng = np.random.default_rng(21)
     size = float(np.ptp(np.asarray(v), 0).max())
     lo, hi = np.asarray(v, np.float64).min(0), np.asarray(v, np.float64).max(0)
-    spread = 1.5 if given == "auto" and name == "open_cup" else 0.4  # an open surface's inside reaches out
+    spread = 1.5 if given != "raw" and name == "open_cup" else 0.4  # an open surface's inside reaches out
     pts = rng.uniform(lo - spread * size, hi + spread * size, size=(3000, 3))
     reach = rng.uniform(0.0, 0.6 * size, size=3000)
     out = wp.zeros(len(pts), dtype=wp.int32, device="cpu")
-    wp.launch(_out_of_reach_kernel, len(pts), [wp.uint64(mesh_id),
+    wp.launch(_out_of_reach_kernel, len(pts), [wp.uint64(mesh_id), cull_radius,
                                                wp.array((pts + shift).astype(np.float32), dtype=wp.vec3, device="cpu"),
                                                wp.array(reach.astype(np.float32), dtype=float, device="cpu"), out],
               device="cpu")
@@ -171,5 +176,7 @@ def test_out_of_reach_only_where_nothing_is_within_reach(name, given):
     assert (dist[culled] > reach[culled] * (1 - 1e-5) - 1e-6).all() and not inside[culled].any()
     box_gap = np.linalg.norm(np.maximum(np.maximum(lo - pts, pts - hi), 0.0), axis=1)
     beyond = box_gap > reach * (1 + 1e-4) + 1e-6
-    if given == "raw" or name != "open_cup":  # an open surface is culled by its winding radius
+    if given == "cull radius":
+        beyond = np.linalg.norm(pts + shift, axis=1) > cull_radius + reach * (1 + 1e-4) + 1e-6
+    if given != "auto" or name != "open_cup":  # an open surface is culled by its winding radius
         assert culled[beyond].all()

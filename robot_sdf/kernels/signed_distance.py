@@ -79,12 +79,15 @@ def mesh_sign_method(mesh: wp.uint64, sign_method: int):
 
 
 @wp.func
-def out_of_reach(mesh: wp.uint64, data: int, p: wp.vec3, reach: float) -> bool:
+def out_of_reach(mesh: wp.uint64, data: int, cull_radius: float, p: wp.vec3, reach: float) -> bool:
     """Whether no surface point and no inside point of the mesh lies within ``reach`` of mesh-frame
-    p, by the mesh's own bounds (``data``: its sign_data_offset): for a slot whose cull radius is
-    unknown (0: meshes built elsewhere, adopted or not). The sign data's box bounds a closed
-    surface and everything inside it, the winding radius the inside of an open one; without sign
-    data, inside is only ever found in the box of the BVH's root (mesh_signed_distance)."""
+    p: by the slot's cull radius where it is known (> 0: no surface and no inside point beyond it
+    from the mesh origin), else (meshes built elsewhere, adopted or not) by the mesh's own bounds
+    (``data``: its sign_data_offset). The sign data's box bounds a closed surface and everything
+    inside it, the winding radius the inside of an open one; without sign data, inside is only
+    ever found in the box of the BVH's root (mesh_signed_distance)."""
+    if cull_radius > 0.0:
+        return wp.length(p) > cull_radius + reach
     if data >= 0:
         if box_gap(box_lower(mesh, data), box_upper(mesh, data), p) <= reach:
             return False
@@ -215,11 +218,8 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     found = int(0)
     sd = float(0.0)
     grad = wp.vec3(0.0, 0.0, 0.0)
-    centre_dist = wp.length(p)
-    if bounding_radius > 0.0 and centre_dist > bounding_radius + bound:
-        return found, sd, grad
     data, method = mesh_sign_method(mesh, sign_method)
-    if bounding_radius <= 0.0 and out_of_reach(mesh, data, p, bound):
+    if out_of_reach(mesh, data, bounding_radius, p, bound):
         return found, sd, grad
     pseudo = method == SIGN_NORMAL and data >= 0
     # The winding-number method of robot_sdf's sign data (the mesh supports winding numbers:
@@ -259,7 +259,7 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
                     return found, sd, grad
             elif p[0] < lo[0] or p[1] < lo[1] or p[2] < lo[2] or p[0] > hi[0] or p[1] > hi[1] or p[2] > hi[2]:
                 return found, sd, grad
-        elif (bounding_radius > 0.0 and centre_dist > bounding_radius) or mesh_box_distance_sq(mesh, p) > 0.0:
+        elif (bounding_radius > 0.0 and wp.length(p) > bounding_radius) or mesh_box_distance_sq(mesh, p) > 0.0:
             # A mesh without robot_sdf's sign data (built by a caller, e.g. cuRobo's world
             # tensors, whose bounding radius is often 0): its BVH's root box bounds it instead.
             return found, sd, grad

@@ -81,20 +81,6 @@ def closed_search_bound(half_len: float, max_dist: float) -> float:
 
 
 @wp.func
-def slot_beyond_reach(mesh: wp.uint64, cull_radius: float, sign_method: int, p: wp.vec3, reach: float) -> bool:
-    """Whether no point of a step's slot (mesh-frame centre p, every sample within ``reach`` -
-    max_dist - r - eta of it) can find anything on a mesh whose slot has no cull radius (slot_at
-    has tested those that have one), by the mesh's own bounds: the test both slot costs start
-    with, at the widest reach either searches (max_dist + r + eta + half the longer segment),
-    made before the segments are rotated into the mesh frame and the results back."""
-    if cull_radius > 0.0:
-        return False
-    # A relative 1e-5 wider than the slot costs' own tests, whose sums round differently.
-    data, method = mesh_sign_method(mesh, sign_method)
-    return out_of_reach(mesh, data, p, reach + wp.abs(reach) * 1.0e-5 + 1.0e-6)
-
-
-@wp.func
 def swept_step_cost(p: wp.vec3, prev: wp.vec3, nxt: wp.vec3, has_prev: int, has_next: int, radius: float,
                     eta: float, max_dist: float, sweep_steps: int, env: int, world: World):
     """Unweighted swept cost of one step over the meshes of ``env``, summed mesh by mesh (the slot
@@ -131,15 +117,14 @@ def swept_step_cost(p: wp.vec3, prev: wp.vec3, nxt: wp.vec3, has_prev: int, has_
         mesh = wp.uint64(world.mesh_idx[env, slot])
         slot_method = slot_sign_method(world, env, slot)
         cull_radius = world.pose_inv[env, slot, 7]
-        if slot_beyond_reach(mesh, cull_radius, slot_method, p_mesh, slot_reach):
+        # The test the slot costs start with (on a closed surface swept_slot_cost searches p within
+        # bound0 + r + eta, open surfaces within max_dist + r + eta), made before the segments are
+        # rotated into the mesh frame and the results back; a relative 1e-5 wider, as their sums
+        # round differently.
+        data, method = mesh_sign_method(mesh, slot_method)
+        reach = wp.where(sign_is_closed(mesh, data), bound0 + radius + eta + half_len, slot_reach)
+        if out_of_reach(mesh, data, cull_radius, p_mesh, reach + reach * 1.0e-5 + 1.0e-6):
             continue
-        if cull_radius > 0.0 and wp.length(p_mesh) > cull_radius + (bound0 + radius + eta) + half_len:
-            # Beyond every search swept_slot_cost makes on a closed surface (the test it starts
-            # with), before the segments are rotated into the mesh frame; open surfaces search
-            # farther (slot_reach).
-            data, method = mesh_sign_method(mesh, slot_method)
-            if sign_is_closed(mesh, data):
-                continue
         seg_prev = wp.quat_rotate(q, prev - p)
         seg_next = wp.quat_rotate(q, nxt - p)
         c_i = float(0.0)

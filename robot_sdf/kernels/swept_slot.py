@@ -382,13 +382,8 @@ def swept_slot_cost(
         bound0 = max_dist
     bound_p = bound0 + radius + eta
     half_len = wp.max(float(has_prev) * wp.length(seg_prev), float(has_next) * wp.length(seg_next)) * 0.5
-    if cull_radius > 0.0:
-        # Beyond the cull sphere by more than any search of the slot reaches: nothing to find,
-        # and no point of the slot can be inside (the mesh itself is not touched).
-        if wp.length(p) > cull_radius + bound_p + half_len:
-            return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
-    elif out_of_reach(mesh, data, p, bound_p + half_len):
-        # Unknown cull radius (tensors built elsewhere): the mesh's own bounds.
+    if out_of_reach(mesh, data, cull_radius, p, bound_p + half_len):
+        # Beyond any search of the slot: nothing to find, and no point of the slot can be inside.
         return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
     found, sd, grad_sd, bound_p, batches = swept_centre(mesh, cull_radius, sign_method, p, seg_prev, seg_next,
                                                         has_prev, has_next, reach_b, bound_p, half_len, sweep_steps,
@@ -714,10 +709,7 @@ def open_swept_slot_cost(
     bound = max_dist + reach_b
     half_len = wp.max(float(has_prev) * wp.length(seg_prev), float(has_next) * wp.length(seg_next)) * 0.5
     data, method = mesh_sign_method(mesh, sign_method)
-    if cull_radius > 0.0:
-        if wp.length(p) > cull_radius + bound + half_len:
-            return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
-    elif out_of_reach(mesh, data, p, bound + half_len):
+    if out_of_reach(mesh, data, cull_radius, p, bound + half_len):
         return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
     winding = method == SIGN_WINDING_NUMBER and data >= 0
     reach = wp.where(winding, reach_b * REACH_MARGIN + REACH_SLACK, bound)
