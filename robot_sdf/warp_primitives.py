@@ -512,6 +512,8 @@ class _SdfMeshWarpPy(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.mark_non_differentiable(output[1])
+        # No zero-filled grad_output for the non-differentiable output at each backward.
+        ctx.set_materialize_grads(False)
         ctx.args = SphereCostArgs(*inputs[4:11], inputs[13], inputs[14], True, inputs[16])
         env = inputs[11]
         ctx.save_for_backward(inputs[0], output[1], env if isinstance(env, torch.Tensor) else None)
@@ -520,7 +522,7 @@ class _SdfMeshWarpPy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output, *_):
         grad_spheres = None
-        if ctx.needs_input_grad[0]:
+        if ctx.needs_input_grad[0] and grad_output is not None:
             spheres, gradient, env = ctx.saved_tensors
             grad_spheres = sphere_cost_vjp(grad_output, spheres, gradient, env, ctx.args)
         return (grad_spheres,) + (None,) * 16
@@ -651,12 +653,13 @@ class _SweptSdfMeshWarpPy(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.mark_non_differentiable(output[1])
+        # No zero-filled grad_output for the partials (3 x the spheres' size) at each backward.
+        ctx.set_materialize_grads(False)
         ctx.save_for_backward(output[1], inputs[0])
         ctx.save_for_forward(output[1])
 
     @staticmethod
-    def _partials(ctx):
-        partials = ctx.saved_tensors[0]
+    def _checked(partials: torch.Tensor) -> torch.Tensor:
         if partials.dim() == 2:
             raise RuntimeError("SweptSdfMeshWarpPy: derivatives asked for a call made with compute_grad=False")
         return partials
@@ -664,14 +667,15 @@ class _SweptSdfMeshWarpPy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output, *_):
         grad_spheres = None
-        if ctx.needs_input_grad[0]:
-            grad_spheres = swept_chain_rule(_SweptSdfMeshWarpPy._partials(ctx), grad_output)
-            grad_spheres = refuse_second_order(grad_spheres, ctx.saved_tensors[1])
+        if ctx.needs_input_grad[0] and grad_output is not None:
+            partials, spheres = ctx.saved_tensors
+            grad_spheres = swept_chain_rule(_SweptSdfMeshWarpPy._checked(partials), grad_output)
+            grad_spheres = refuse_second_order(grad_spheres, spheres)
         return (grad_spheres,) + (None,) * 18
 
     @staticmethod
     def jvp(ctx, spheres_tangent, *_):
-        return swept_jvp(spheres_tangent, _SweptSdfMeshWarpPy._partials(ctx)), None
+        return swept_jvp(spheres_tangent, _SweptSdfMeshWarpPy._checked(ctx.saved_tensors[0])), None
 
     @staticmethod
     def vmap(info, in_dims, query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,
