@@ -512,7 +512,8 @@ class _SdfMeshWarpPy(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.mark_non_differentiable(output[1])
-        # No zero-filled grad_output for the non-differentiable output at each backward.
+        # No zero-filled grad_output for the non-differentiable output at each backward (nor
+        # zero-filled tangents: backward and jvp take None for "zero" instead).
         ctx.set_materialize_grads(False)
         ctx.args = SphereCostArgs(*inputs[4:11], inputs[13], inputs[14], True, inputs[16])
         env = inputs[11]
@@ -522,14 +523,19 @@ class _SdfMeshWarpPy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output, *_):
         grad_spheres = None
-        if ctx.needs_input_grad[0] and grad_output is not None:
+        if ctx.needs_input_grad[0]:
             spheres, gradient, env = ctx.saved_tensors
-            grad_spheres = sphere_cost_vjp(grad_output, spheres, gradient, env, ctx.args)
+            if grad_output is None:
+                grad_spheres = torch.zeros_like(spheres)
+            else:
+                grad_spheres = sphere_cost_vjp(grad_output, spheres, gradient, env, ctx.args)
         return (grad_spheres,) + (None,) * 16
 
     @staticmethod
     def jvp(ctx, spheres_tangent, *_):
         (gradient,) = ctx.saved_tensors
+        if spheres_tangent is None:  # a tangent on another input only: the cost does not move
+            return gradient.new_zeros(gradient.shape[:-1]), None
         return sphere_cost_jvp(spheres_tangent, gradient), None
 
     @staticmethod
@@ -653,10 +659,12 @@ class _SweptSdfMeshWarpPy(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.mark_non_differentiable(output[1])
-        # No zero-filled grad_output for the partials (3 x the spheres' size) at each backward.
+        # No zero-filled grad_output for the partials (3 x the spheres' size) at each backward (nor
+        # zero-filled tangents: backward and jvp take None for "zero" instead).
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(output[1], inputs[0])
         ctx.save_for_forward(output[1])
+        ctx.cost_shape = output[0].shape
 
     @staticmethod
     def _checked(partials: torch.Tensor) -> torch.Tensor:
@@ -667,15 +675,21 @@ class _SweptSdfMeshWarpPy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output, *_):
         grad_spheres = None
-        if ctx.needs_input_grad[0] and grad_output is not None:
+        if ctx.needs_input_grad[0]:
             partials, spheres = ctx.saved_tensors
-            grad_spheres = swept_chain_rule(_SweptSdfMeshWarpPy._checked(partials), grad_output)
+            if grad_output is None:
+                grad_spheres = torch.zeros_like(spheres)
+            else:
+                grad_spheres = swept_chain_rule(_SweptSdfMeshWarpPy._checked(partials), grad_output)
             grad_spheres = refuse_second_order(grad_spheres, spheres)
         return (grad_spheres,) + (None,) * 18
 
     @staticmethod
     def jvp(ctx, spheres_tangent, *_):
-        return swept_jvp(spheres_tangent, _SweptSdfMeshWarpPy._checked(ctx.saved_tensors[0])), None
+        partials = ctx.saved_tensors[0]
+        if spheres_tangent is None:  # a tangent on another input only: the cost does not move
+            return partials.new_zeros(ctx.cost_shape), None
+        return swept_jvp(spheres_tangent, _SweptSdfMeshWarpPy._checked(partials)), None
 
     @staticmethod
     def vmap(info, in_dims, query_spheres, out_cost, out_grad, sparsity_idx, weight, activation_distance, speed_dt,

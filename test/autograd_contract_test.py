@@ -206,6 +206,50 @@ def test_curobo_functions_under_transforms(scene):
         hvp(swept)
 
 
+def test_curobo_functions_with_zero_upstream_derivatives(scene):
+    """Only the spheres carry derivatives through SdfMeshWarpPy / SweptSdfMeshWarpPy: a tangent on
+    the weight alone moves the cost by exactly 0 (forward mode and torch.func.jvp), and a cost
+    whose upstream gradient is undefined (a Function downstream returns None for it) gives the
+    spheres a zero gradient, not a missing one (torch.autograd.grad would refuse that as unused)."""
+    world, _ = scene
+    dev = world.device
+    s = torch.from_numpy(random_spheres(6)).to(dev)
+    snap = world.snapshot()
+    one = torch.ones(1, device=dev)
+    eta = torch.full((1,), ETA, device=dev)
+    max_d = torch.full((1,), MAX_DIST, device=dev)
+    dt = torch.full((1,), 0.1, device=dev)
+
+    def plain(x, w):
+        return SdfMeshWarpPy.apply(x, *_buffers(x), w, eta, snap.mesh_idx, snap.mesh_pose_inverse,
+                                   snap.mesh_enable, snap.n_env_mesh, max_d, None, False, False, snap.sign_methods)
+
+    def swept(x, w):
+        return SweptSdfMeshWarpPy.apply(x, *_buffers(x), w, eta, dt, snap.mesh_idx, snap.mesh_pose_inverse,
+                                        snap.mesh_enable, snap.n_env_mesh, max_d, 2, False, None, False,
+                                        snap.sign_methods)
+
+    class Cut(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return None
+
+    for fn in (plain, swept):
+        assert fn(s, one).sum() > 0
+        zero = torch.zeros(s.shape[:-1], device=dev)
+        with forward_ad.dual_level():
+            dual = fn(s, forward_ad.make_dual(one, torch.ones(1, device=dev)))
+            torch.testing.assert_close(forward_ad.unpack_dual(dual).tangent, zero)
+        torch.testing.assert_close(torch.func.jvp(lambda w: fn(s, w), (one,), (torch.ones(1, device=dev),))[1], zero)
+        x = s.clone().requires_grad_()
+        (grad,) = torch.autograd.grad(Cut.apply(fn(x, one)).sum(), x)
+        torch.testing.assert_close(grad, torch.zeros_like(s))
+
+
 def _reference_grad(spheres: np.ndarray, envs, env_index=None) -> np.ndarray:
     return ref.sphere_cost(spheres, envs, ETA, 1.0, MAX_DIST, env_index=env_index)[1]
 

@@ -123,7 +123,7 @@ def swept_step_cost(p: wp.vec3, prev: wp.vec3, nxt: wp.vec3, has_prev: int, has_
         # round differently.
         data, method = mesh_sign_method(mesh, slot_method)
         reach = wp.where(sign_is_closed(mesh, data), bound0 + radius + eta + half_len, slot_reach)
-        if out_of_reach(mesh, data, cull_radius, p_mesh, reach + reach * 1.0e-5 + 1.0e-6):
+        if out_of_reach(mesh, data, cull_radius, p_mesh, reach + wp.abs(reach) * 1.0e-5 + 1.0e-6):
             continue
         seg_prev = wp.quat_rotate(q, prev - p)
         seg_next = wp.quat_rotate(q, nxt - p)
