@@ -14,11 +14,16 @@ and, for STL files given in millimetres, the scale the robot's URDF applies (``M
 self-intersections) and what MeshWorld's ``auto`` sign method chose for it and why;
 ``python -m bench.real_meshes`` prints the table (Markdown), with ``--winding`` also the exact
 winding numbers of points around each mesh (test/reference.py, float64).
+
+A machine without rtb-data (or its readers) loads the meshes from a pack instead: ``python -m
+bench.real_meshes --pack FILE`` writes the corpus as loaded here into one compressed .npz, and
+``load`` reads from it wherever the environment variable ROBOT_SDF_MESH_PACK names one.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.resources
+import os
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -136,12 +141,30 @@ def _read_collada(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(verts) * unit, np.concatenate(tris)
 
 
+PACK_VARIABLE = "ROBOT_SDF_MESH_PACK"
+
+
+def write_pack(path: str, names: list[str]) -> None:
+    """The meshes ``names`` as ``load`` gives them, in one compressed .npz (``<name>.vertices``,
+    ``<name>.triangles``), for load on a machine without rtb-data (PACK_VARIABLE)."""
+    arrays = {}
+    for name in names:
+        arrays[f"{name}.vertices"], arrays[f"{name}.triangles"] = load(name)
+    np.savez_compressed(path, **arrays)
+
+
 @lru_cache(maxsize=None)
 def _load_cached(name: str) -> tuple[np.ndarray, np.ndarray]:
     mesh = BY_NAME[name]
-    path = data_dir() / mesh.path
-    v, t = _read_collada(path) if path.suffix.lower() == ".dae" else _read_stl(path)
-    v = (v * mesh.scale).astype(np.float32)
+    pack = os.environ.get(PACK_VARIABLE)
+    if pack:
+        with np.load(pack) as arrays:
+            v, t = arrays[f"{name}.vertices"], arrays[f"{name}.triangles"]
+    else:
+        path = data_dir() / mesh.path
+        v, t = _read_collada(path) if path.suffix.lower() == ".dae" else _read_stl(path)
+        v = v * mesh.scale
+    v = v.astype(np.float32)
     t = t.astype(np.int32)
     v.setflags(write=False)
     t.setflags(write=False)
@@ -373,8 +396,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.real_meshes", description=__doc__.split("\n\n")[0])
     parser.add_argument("--winding", type=int, default=0, metavar="N",
                         help="also survey the exact winding number at N points around each mesh (slow: brute force)")
+    parser.add_argument("--pack", metavar="FILE", help=f"write the meshes into FILE (.npz) for {PACK_VARIABLE} and stop")
     parser.add_argument("names", nargs="*", help="corpus meshes (default: all)")
     args = parser.parse_args(argv)
+    if args.pack:
+        write_pack(args.pack, args.names or [m.name for m in CORPUS])
+        print(f"{args.pack}: {len(args.names or CORPUS)} meshes, {os.path.getsize(args.pack) / 1e6:.1f} MB")
+        return 0
     import warp as wp
 
     from bench import cpu_model, emit, table

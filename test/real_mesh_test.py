@@ -236,3 +236,23 @@ def test_cost_is_exactly_zero_beyond_the_band(name, regime):
     costed = beyond & ((cost != 0) | np.any(cost_grad != 0, axis=1))
     assert not costed.any(), (f"{int(costed.sum())} of {int(beyond.sum())} points beyond r + eta + {SEARCH_BOUND} m "
                               f"costed: cost {cost[costed][:6].tolist()} at reference sd {sd[costed][:6].tolist()}")
+
+
+def test_a_mesh_pack_loads_the_meshes_as_the_files_give_them(tmp_path, monkeypatch):
+    """python -m bench.real_meshes --pack: a machine without rtb-data (a GPU image) loads from the
+    pack exactly what the files give here, an STL and a COLLADA mesh alike."""
+    names = ["panda_link0_visual", "kr3_link4_visual"]  # COLLADA, STL
+    direct = [real_meshes.load(n) for n in names]
+    pack = tmp_path / "meshes.npz"
+    assert real_meshes.main(["--pack", str(pack), *names]) == 0
+    monkeypatch.setenv(real_meshes.PACK_VARIABLE, str(pack))
+    real_meshes._load_cached.cache_clear()
+    try:
+        for name, (v, t) in zip(names, direct):
+            pv, pt = real_meshes.load(name)
+            assert pv.dtype == np.float32 and pt.dtype == np.int32 and len(t) > 1000
+            assert np.array_equal(pv, v) and np.array_equal(pt, t)
+        with pytest.raises(KeyError):
+            real_meshes.load("kr120_link2_visual")  # not in the pack
+    finally:
+        real_meshes._load_cached.cache_clear()
