@@ -90,13 +90,19 @@ class EnvSlots:
 
 
 @wp.func
+def widened(reach: float) -> float:
+    """``reach`` (m) a relative 1e-5 wider: the reach of a test made ahead of a query's own (a slot
+    passed over, a mesh skipped), whose sums round differently, so that what it passes over would
+    have found nothing."""
+    return reach + wp.abs(reach) * 1.0e-5 + 1.0e-6
+
+
+@wp.func
 def env_slots(env: int, p: wp.vec3, reach: float, world: World) -> EnvSlots:
     """The slots of env a query at world point p visits: those whose boxes come within ``reach``
     (m) of p when env has a slot BVH and at most SLOT_HITS of them do, else every slot in use."""
     slots = EnvSlots()
-    # A relative 1e-5 wider than the queries' own reach tests, whose sums round differently: a slot
-    # slot_at passes over would have found nothing.
-    slots.reach = reach + wp.abs(reach) * 1.0e-5 + 1.0e-6
+    slots.reach = widened(reach)
     slots.count = wp.min(world.n_env_mesh[env], world.mesh_idx.shape[1])
     slots.iterations = slots.count
     slots.listed = 0

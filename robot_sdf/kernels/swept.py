@@ -19,7 +19,8 @@ from __future__ import annotations
 import warp as wp
 
 from robot_sdf.kernels.signed_distance import REACH_MARGIN, REACH_SLACK, mesh_sign_method, out_of_reach, sign_is_closed
-from robot_sdf.kernels.slot_walk import World, env_slots, query_env, slot_at, slot_sign_method, thread_spheres
+from robot_sdf.kernels.slot_walk import (World, env_slots, query_env, slot_at, slot_sign_method, thread_spheres,
+                                        widened)
 from robot_sdf.kernels.swept_slot import open_swept_sign, open_swept_slot_cost, swept_slot_cost
 
 wp.set_module_options({"enable_backward": False})
@@ -119,11 +120,10 @@ def swept_step_cost(p: wp.vec3, prev: wp.vec3, nxt: wp.vec3, has_prev: int, has_
         cull_radius = world.pose_inv[env, slot, 7]
         # The test the slot costs start with (on a closed surface swept_slot_cost searches p within
         # bound0 + r + eta, open surfaces within max_dist + r + eta), made before the segments are
-        # rotated into the mesh frame and the results back; a relative 1e-5 wider, as their sums
-        # round differently.
+        # rotated into the mesh frame and the results back.
         data, method = mesh_sign_method(mesh, slot_method)
         reach = wp.where(sign_is_closed(mesh, data), bound0 + radius + eta + half_len, slot_reach)
-        if out_of_reach(mesh, data, cull_radius, p_mesh, reach + wp.abs(reach) * 1.0e-5 + 1.0e-6):
+        if out_of_reach(mesh, data, cull_radius, p_mesh, widened(reach)):
             continue
         seg_prev = wp.quat_rotate(q, prev - p)
         seg_next = wp.quat_rotate(q, nxt - p)
