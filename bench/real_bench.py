@@ -17,6 +17,10 @@ round (bench.measure's shuffle), for:
   passed as the trailing argument; a skipped row where robot_sdf has no adopt_meshes);
 - MeshWorld with its default sign method (auto), called as MeshWorld's own evaluations call the
   Functions (its snapshot as the trailing argument, inside ``world.reading()``).
+
+Then, for MeshWorld on the rollouts of the largest count, the swept and plain cost of the
+trajectories grouped by their closest approach to a surface (swept_by_approach): where the swept
+cost's time beyond the plain one goes.
 """
 from __future__ import annotations
 
@@ -173,6 +177,61 @@ def real_mesh_table(b: Bench, sphere_counts: tuple[int, ...] | None = None) -> N
                 "swept / plain on the rollouts", "cost > 0"], rows))
     for note in notes:
         emit(note)
+    swept_by_approach(b, world, scenes.mpc_rollouts(*rollout_shape(counts[-1]), workspace=workspace))
+
+
+# Bands of a trajectory's closest approach to any surface (m): its smallest signed distance over
+# its steps. Inside: some step's centre is inside a mesh; below r + eta: some step costs.
+APPROACH_BANDS = (("inside a mesh at some step", -np.inf, 0.0),
+                  (f"within r + eta ({scenes.SPHERE_RADIUS + scenes.ACTIVATION:g} m)", 0.0,
+                   scenes.SPHERE_RADIUS + scenes.ACTIVATION),
+                  ("within r + eta + 5 cm", scenes.SPHERE_RADIUS + scenes.ACTIVATION,
+                   scenes.SPHERE_RADIUS + scenes.ACTIVATION + 0.05),
+                  (f"within max_dist + r + eta ({scenes.MAX_DIST + scenes.SPHERE_RADIUS + scenes.ACTIVATION:g} m)",
+                   scenes.SPHERE_RADIUS + scenes.ACTIVATION + 0.05,
+                   scenes.MAX_DIST + scenes.SPHERE_RADIUS + scenes.ACTIVATION),
+                  ("farther", scenes.MAX_DIST + scenes.SPHERE_RADIUS + scenes.ACTIVATION, np.inf))
+
+
+def swept_by_approach(b: Bench, world, rollouts: np.ndarray) -> None:
+    """MeshWorld's swept and plain cost on the rollouts (b, h, n, 4), trajectory by trajectory,
+    grouped by how near each comes to a surface: where the swept cost's time over the plain one
+    goes. Each group runs as its own call (its trajectories as (count, h, 1) spheres), fwd+bwd."""
+    count, horizon = rollouts.shape[0] * rollouts.shape[2], rollouts.shape[1]
+    trajectories = np.ascontiguousarray(rollouts.transpose(0, 2, 1, 3).reshape(count, horizon, 1, 4))
+    centres = torch.from_numpy(np.ascontiguousarray(trajectories[..., :3].reshape(-1, 3)))
+    sd, _ = world.signed_distance(centres, max_distance=1.0)
+    approach = sd.reshape(count, horizon).cpu().numpy().min(axis=1)
+    section(f"Swept against plain on the real-mesh rollouts on {b.device}, by the trajectories' closest approach")
+    emit(f"MeshWorld (auto) on the {count * horizon:,} rollout spheres of the table above ({count:,} trajectories of "
+         f"{horizon} steps), each group of trajectories in calls of its own, fwd+bwd, "
+         + ("one thread" if b.device == "cpu" else "GPU") + "; closest approach: a trajectory's smallest signed "
+         "distance to any surface over its steps (MeshWorld.signed_distance).")
+    rows, plain_sum, excess = [], 0.0, {}
+    for name, lo, hi in APPROACH_BANDS:
+        chosen = (approach >= lo) & (approach < hi)
+        if not chosen.any():
+            rows.append([name, "0", "", "", "", ""])
+            continue
+        runner = SnapshotRunner(world, trajectories[chosen])
+        cases = {"plain": runner.forward_backward, "swept": runner.swept_forward_backward}
+        if b.device == "cpu":
+            cases = {k: (lambda f=f: _one_thread(f)) for k, f in cases.items()}
+        res = b.timed(cases, reps=3 if b.quick else 11, shuffle=True)
+        plain, swept = res["plain"].median, res["swept"].median
+        plain_sum += plain
+        excess[name] = swept - plain
+        rows.append([name, f"{int(chosen.sum()):,}", f"{100 * chosen.mean():.1f} %", res["plain"].ms(),
+                     res["swept"].ms(), f"{swept / plain:.2f}"])
+    total_excess = sum(excess.values())
+    for row in rows:
+        row.append(f"{100 * excess[row[0]] / total_excess:.0f} %" if row[0] in excess and total_excess > 0 else "")
+    emit(table(["closest approach", "trajectories", "share", "plain median ms (p25-p75)",
+                "swept median ms (p25-p75)", "swept / plain", "share of swept - plain"], rows))
+    near = sum(v for (name, lo, hi) in APPROACH_BANDS[:2] if (v := excess.get(name)) is not None)
+    if plain_sum > 0:
+        emit(f"All groups: swept / plain {(plain_sum + total_excess) / plain_sum:.2f}; with the swept cost of every "
+             f"trajectory that never comes within r + eta equal to its plain cost: {(plain_sum + near) / plain_sum:.2f}.")
 
 
 def _costed_shares(plain_ref: CuroboStyleRunner, swept_ref: CuroboStyleRunner, runners: dict) -> dict:
