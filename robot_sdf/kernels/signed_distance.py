@@ -82,12 +82,13 @@ def mesh_sign_method(mesh: wp.uint64, sign_method: int):
 def out_of_reach(mesh: wp.uint64, data: int, cull_radius: float, p: wp.vec3, reach: float) -> bool:
     """Whether no surface point and no inside point of the mesh lies within ``reach`` of mesh-frame
     p: by the slot's cull radius where it is known (> 0: no surface and no inside point beyond it
-    from the mesh origin), else (meshes built elsewhere, adopted or not) by the mesh's own bounds
-    (``data``: its sign_data_offset). The sign data's box bounds a closed surface and everything
-    inside it, the winding radius the inside of an open one; without sign data, inside is only
-    ever found in the box of the BVH's root (mesh_signed_distance)."""
-    if cull_radius > 0.0:
-        return wp.length(p) > cull_radius + reach
+    from the mesh origin), then by the mesh's own bounds (``data``: its sign_data_offset), which
+    are tighter where the mesh is not centred on its origin or not round. The sign data's box
+    bounds a closed surface and everything inside it, the winding radius the inside of an open
+    one; without sign data, inside is only ever found in the box of the BVH's root
+    (mesh_signed_distance)."""
+    if cull_radius > 0.0 and wp.length(p) > cull_radius + reach:
+        return True
     if data >= 0:
         if box_gap(box_lower(mesh, data), box_upper(mesh, data), p) <= reach:
             return False
