@@ -92,7 +92,8 @@ def test_signed_distances_are_the_references(name, given, method):
     far = clear & (sd_ref > bound + 1e-4)
     assert inside.sum() > 20 and near.sum() > 20 and far.sum() > 20
     assert (sd_ref[inside] < -1e-4).sum() > 20  # deep points, beyond the second bound
-    for b in (bound, 1e-4):
+    # A negative bound (a negative max_dist) still finds every inside point, however deep.
+    for b in (bound, 1e-4, -bound):
         found, sd, grad = _evaluate(mesh_id, pts + shift, b, cull, method)
         assert found[inside].all(), f"inside points not found with bound {b}"
         np.testing.assert_allclose(sd[inside], sd_ref[inside], atol=2e-5)

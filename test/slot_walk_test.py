@@ -62,6 +62,11 @@ def test_queries_visit_the_slots_whose_boxes_they_reach_in_their_mesh_frames():
         bvh = snap.slot_bvh()
         assert bvh is not None and int(bvh[0]) != 0 and int(bvh[1]) == 0  # env 0 has a slot BVH, env 1 none
         mesh_idx, pose_inv = snap.mesh_idx.numpy(), snap.mesh_pose_inverse.numpy().astype(np.float64)
+        # The first points sit on the mesh origins of their env's slots, with a negative reach (a
+        # negative max_dist): that reaches as far as 0 does, so each still visits its slot.
+        for i in range(2 * SLOTS):
+            pts[i] = ref.transform_points(ref.pose_inverse(pose_inv[i % 2, i // 2, :7]), np.zeros((1, 3)))[0]
+            reach[i] = -0.2
         enable, counts = snap.mesh_enable.numpy(), snap.n_env_mesh.numpy()
         visited = wp.zeros((n, SLOTS), dtype=wp.int32, device="cpu")
         p_mesh = wp.zeros((n, SLOTS), dtype=wp.vec3, device="cpu")
@@ -90,6 +95,7 @@ def test_queries_visit_the_slots_whose_boxes_they_reach_in_their_mesh_frames():
         for j in range(SLOTS):
             centres[e, j] = ref.transform_points(ref.pose_inverse(pose_inv[e, j, :7]), np.zeros((1, 3)))[0]
     half = pose_inv[..., 7]
+    reach = np.maximum(reach, 0.0)
     reached = np.all(np.abs(pts[:, None, :] - centres[envs]) <= (half[envs] + reach[:, None])[..., None], axis=2)
     # Of those, the slots whose cull sphere (radius half) comes within the reach, a relative 1e-5
     # wider (points within 1e-5 m of that edge left out: float32 decides them).

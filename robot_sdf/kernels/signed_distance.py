@@ -79,6 +79,14 @@ def mesh_sign_method(mesh: wp.uint64, sign_method: int):
 
 
 @wp.func
+def widened(reach: float) -> float:
+    """``reach`` (m) a relative 1e-5 wider: the reach of a test made ahead of a query's own (a slot
+    passed over, a mesh skipped), whose sums round differently, so that what it passes over would
+    have found nothing."""
+    return reach + wp.abs(reach) * 1.0e-5 + 1.0e-6
+
+
+@wp.func
 def out_of_reach(mesh: wp.uint64, data: int, cull_radius: float, p: wp.vec3, reach: float) -> bool:
     """Whether no surface point and no inside point of the mesh lies within ``reach`` of mesh-frame
     p: by the slot's cull radius where it is known (> 0: no surface and no inside point beyond it
@@ -86,14 +94,18 @@ def out_of_reach(mesh: wp.uint64, data: int, cull_radius: float, p: wp.vec3, rea
     are tighter where the mesh is not centred on its origin or not round. The sign data's box
     bounds a closed surface and everything inside it, the winding radius the inside of an open
     one; without sign data, inside is only ever found in the box of the BVH's root
-    (mesh_signed_distance)."""
-    if cull_radius > 0.0 and wp.length(p) > cull_radius + reach:
+    (mesh_signed_distance). An inside point is within any reach: a negative one (a negative
+    max_dist) counts as 0."""
+    reach_0 = wp.max(reach, 0.0)
+    if cull_radius > 0.0 and wp.length(p) > cull_radius + reach_0:
         return True
     if data >= 0:
-        if box_gap(box_lower(mesh, data), box_upper(mesh, data), p) <= reach:
+        # The box is the vertices' and the search measures the triangles: rounded apart.
+        if box_gap(box_lower(mesh, data), box_upper(mesh, data), p) <= widened(reach_0):
             return False
-        return is_closed(mesh, data) or wp.length(p) > winding_radius(mesh, data) + reach
-    return mesh_box_distance_sq(mesh, p) > reach * reach
+        return is_closed(mesh, data) or wp.length(p) > winding_radius(mesh, data) + reach_0
+    # Warp's own test of the BVH's root box, as its search makes it.
+    return mesh_box_distance_sq(mesh, p) > reach_0 * reach_0
 
 
 @wp.func

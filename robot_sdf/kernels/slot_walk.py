@@ -35,6 +35,7 @@ import warp as wp
 
 from robot_sdf.kernels.native import SLOT_HITS, slot_bvh_hits, slot_hits_t, spheres_per_thread
 from robot_sdf.kernels.sign_data import SIGN_PER_SLOT
+from robot_sdf.kernels.signed_distance import widened
 
 wp.set_module_options({"enable_backward": False})
 
@@ -90,25 +91,19 @@ class EnvSlots:
 
 
 @wp.func
-def widened(reach: float) -> float:
-    """``reach`` (m) a relative 1e-5 wider: the reach of a test made ahead of a query's own (a slot
-    passed over, a mesh skipped), whose sums round differently, so that what it passes over would
-    have found nothing."""
-    return reach + wp.abs(reach) * 1.0e-5 + 1.0e-6
-
-
-@wp.func
 def env_slots(env: int, p: wp.vec3, reach: float, world: World) -> EnvSlots:
     """The slots of env a query at world point p visits: those whose boxes come within ``reach``
-    (m) of p when env has a slot BVH and at most SLOT_HITS of them do, else every slot in use."""
+    (m) of p when env has a slot BVH and at most SLOT_HITS of them do, else every slot in use. A
+    negative reach (a negative max_dist) counts as 0: inside points are within any."""
+    reach_0 = wp.max(reach, 0.0)
     slots = EnvSlots()
-    slots.reach = widened(reach)
+    slots.reach = widened(reach_0)
     slots.count = wp.min(world.n_env_mesh[env], world.mesh_idx.shape[1])
     slots.iterations = slots.count
     slots.listed = 0
     bvh, use_bvh = env_slot_bvh(world.slot_bvh, env, world.n_env_mesh.shape[0])
     if use_bvh != 0:
-        box = wp.vec3(reach, reach, reach)
+        box = wp.vec3(reach_0, reach_0, reach_0)
         hits = slot_bvh_hits(bvh, p - box, p + box)
         if hits[32] <= SLOT_HITS:
             slots.hits = hits

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import warp as wp
 
-from robot_sdf.kernels.signed_distance import REACH_MARGIN, REACH_SLACK, mesh_sign_method, out_of_reach, sign_is_closed
-from robot_sdf.kernels.slot_walk import (World, env_slots, query_env, slot_at, slot_sign_method, thread_spheres,
-                                        widened)
+from robot_sdf.kernels.signed_distance import (REACH_MARGIN, REACH_SLACK, mesh_sign_method, out_of_reach,
+                                               sign_is_closed, widened)
+from robot_sdf.kernels.slot_walk import World, env_slots, query_env, slot_at, slot_sign_method, thread_spheres
 from robot_sdf.kernels.swept_slot import open_swept_sign, open_swept_slot_cost, swept_slot_cost
 
 wp.set_module_options({"enable_backward": False})
