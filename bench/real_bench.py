@@ -18,9 +18,11 @@ round (bench.measure's shuffle), for:
 - MeshWorld with its default sign method (auto), called as MeshWorld's own evaluations call the
   Functions (its snapshot as the trailing argument, inside ``world.reading()``).
 
-Then, for MeshWorld on the rollouts of the largest count, the swept and plain cost of the
-trajectories grouped by their closest approach to a surface (swept_by_approach): where the swept
-cost's time beyond the plain one goes.
+Then, on the rollouts of the largest count: swept / plain for sweep_steps 1, 2 and 4 for
+MeshWorld and adopted tensors (swept_by_sweep_steps: what the number of samples costs), and, for
+MeshWorld, the swept and plain cost of the trajectories grouped by their closest approach to a
+surface, at sweep_steps 4 and 1 (swept_by_approach): where the swept cost's time beyond the plain
+one goes.
 """
 from __future__ import annotations
 
@@ -177,7 +179,38 @@ def real_mesh_table(b: Bench, sphere_counts: tuple[int, ...] | None = None) -> N
                 "swept / plain on the rollouts", "cost > 0"], rows))
     for note in notes:
         emit(note)
+    swept_by_sweep_steps(b, {name: swept for name, (_, swept) in runners.items() if name != RAW})
     swept_by_approach(b, world, scenes.mpc_rollouts(*rollout_shape(counts[-1]), workspace=workspace))
+
+
+# sweep_steps of swept_by_sweep_steps's columns; SWEEP_STEPS (4) is the bench's own.
+SWEEP_STEPS_COMPARED = (1, 2, SWEEP_STEPS)
+
+
+def swept_by_sweep_steps(b: Bench, runners: dict[str, CostRunner]) -> None:
+    """Swept (each of SWEEP_STEPS_COMPARED) against plain on the rollouts of ``runners`` (path name ->
+    runner on the same rollouts), fwd+bwd, interleaved: what the samples cost beyond the step's own
+    query. sweep_steps K puts K samples on each side of a step (docs/design.md "Swept cost")."""
+    any_runner = next(iter(runners.values()))
+    section(f"Swept / plain on the real-mesh rollouts on {b.device}, by sweep_steps")
+    emit(f"The {any_runner.count:,} rollout spheres of the table above ({' x '.join(map(str, any_runner.spheres.shape[:3]))}), "
+         "fwd+bwd, " + ("one thread" if b.device == "cpu" else "GPU") + "; each cell: swept median / plain median "
+         "of the same path, all cases of the table interleaved.")
+    cases: dict[tuple[str, str], Callable[[], object]] = {}
+    for name, runner in runners.items():
+        cases[(name, "plain")] = runner.forward_backward
+        for k in SWEEP_STEPS_COMPARED:
+            cases[(name, f"swept {k}")] = lambda f=runner.swept_forward_backward, k=k: f(k)
+    if b.device == "cpu":
+        cases = {key: (lambda f=f: _one_thread(f)) for key, f in cases.items()}
+    res: dict[tuple[str, str], Stats] = b.timed(cases, reps=3 if b.quick else 11, shuffle=True)
+    rows = []
+    for name in runners:
+        plain = res[(name, "plain")].median
+        rows.append([name, res[(name, "plain")].ms()]
+                    + [f"{res[(name, f'swept {k}')].median / plain:.2f}" for k in SWEEP_STEPS_COMPARED])
+    emit(table(["world tensors", "plain median ms (p25-p75)"]
+               + [f"swept {k} / plain" for k in SWEEP_STEPS_COMPARED], rows))
 
 
 # Bands of a trajectory's closest approach to any surface (m): its smallest signed distance over
@@ -207,33 +240,37 @@ def swept_by_approach(b: Bench, world, rollouts: np.ndarray) -> None:
          f"{horizon} steps), each group of trajectories in calls of its own, fwd+bwd, "
          + ("one thread" if b.device == "cpu" else "GPU") + "; closest approach: a trajectory's smallest signed "
          "distance to any surface over its steps (MeshWorld.signed_distance).")
-    rows, plain_sum, excess = [], 0.0, {}
+    rows, plain_sum, excess, excess_1 = [], 0.0, {}, {}
     for name, lo, hi in APPROACH_BANDS:
         chosen = (approach >= lo) & (approach < hi)
         if not chosen.any():
-            rows.append([name, "0", "", "", "", ""])
+            rows.append([name, "0", "", "", "", "", ""])
             continue
         runner = SnapshotRunner(world, trajectories[chosen])
-        cases = {"plain": runner.forward_backward, "swept": runner.swept_forward_backward}
+        cases = {"plain": runner.forward_backward, "swept": runner.swept_forward_backward,
+                 "swept 1": lambda f=runner.swept_forward_backward: f(1)}
         if b.device == "cpu":
             cases = {k: (lambda f=f: _one_thread(f)) for k, f in cases.items()}
         res = b.timed(cases, reps=3 if b.quick else 11, shuffle=True)
         plain, swept = res["plain"].median, res["swept"].median
         plain_sum += plain
         excess[name] = swept - plain
+        excess_1[name] = res["swept 1"].median - plain
         rows.append([name, f"{int(chosen.sum()):,}", f"{100 * chosen.mean():.1f} %", res["plain"].ms(),
-                     res["swept"].ms(), f"{swept / plain:.2f}"])
+                     res["swept"].ms(), f"{swept / plain:.2f}", f"{res['swept 1'].median / plain:.2f}"])
     total_excess = sum(excess.values())
     for row in rows:
         row.append(f"{100 * excess[row[0]] / total_excess:.0f} %" if row[0] in excess and total_excess > 0 else "")
     emit(table(["closest approach", "trajectories", "share", "plain median ms (p25-p75)",
-                "swept median ms (p25-p75)", "swept / plain", "share of swept - plain"], rows))
+                "swept median ms (p25-p75)", "swept / plain", "swept 1 / plain", "share of swept - plain"], rows))
     near = sum(v for (name, lo, hi) in APPROACH_BANDS[:2] if (v := excess.get(name)) is not None)
     if plain_sum > 0:
         emit(f"Summed over the groups' calls: swept / plain {(plain_sum + total_excess) / plain_sum:.2f}; with the "
              "swept cost of every trajectory that never comes within r + eta equal to its plain cost: "
              f"{(plain_sum + near) / plain_sum:.2f}. (Separate calls of one sphere a step: these sums differ from "
-             "the one call of the table above.)")
+             "the one call of the table above.) 'swept': sweep_steps "
+             f"{SWEEP_STEPS}; 'swept 1': sweep_steps 1, summed over the groups' calls "
+             f"{(plain_sum + sum(excess_1.values())) / plain_sum:.2f}.")
 
 
 def _costed_shares(plain_ref: CuroboStyleRunner, swept_ref: CuroboStyleRunner, runners: dict) -> dict:
