@@ -232,8 +232,6 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     sd = float(0.0)
     grad = wp.vec3(0.0, 0.0, 0.0)
     data, method = mesh_sign_method(mesh, sign_method)
-    if out_of_reach(mesh, data, bounding_radius, p, bound):
-        return found, sd, grad
     pseudo = method == SIGN_NORMAL and data >= 0
     # The winding-number method of robot_sdf's sign data (the mesh supports winding numbers:
     # checked by mesh_sign_method).
@@ -246,6 +244,10 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     first = bound
     if data >= 0 and (winding or (pseudo and is_solid(mesh, data))):
         first = wp.min(bound, need * REACH_MARGIN + REACH_SLACK)
+    # Beyond first of the mesh's bounds, nothing is found within first and no point is inside:
+    # the result is "nothing" as after the search below.
+    if out_of_reach(mesh, data, bounding_radius, p, first):
+        return found, sd, grad
     slivers = has_slivers(mesh, data)
 
     inside = float(1.0)
