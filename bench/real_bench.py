@@ -229,7 +229,8 @@ APPROACH_BANDS = (("inside a mesh at some step", -np.inf, 0.0),
 def swept_by_approach(b: Bench, world, rollouts: np.ndarray) -> None:
     """MeshWorld's swept and plain cost on the rollouts (b, h, n, 4), trajectory by trajectory,
     grouped by how near each comes to a surface: where the swept cost's time over the plain one
-    goes. Each group runs as its own call (its trajectories as (count, h, 1) spheres), fwd+bwd."""
+    goes. Each group runs as its own call (its trajectories as (count, h, 1) spheres), fwd+bwd,
+    swept with the bench's sweep_steps and with 1."""
     count, horizon = rollouts.shape[0] * rollouts.shape[2], rollouts.shape[1]
     trajectories = np.ascontiguousarray(rollouts.transpose(0, 2, 1, 3).reshape(count, horizon, 1, 4))
     centres = torch.from_numpy(np.ascontiguousarray(trajectories[..., :3].reshape(-1, 3)))
@@ -262,14 +263,15 @@ def swept_by_approach(b: Bench, world, rollouts: np.ndarray) -> None:
     for row in rows:
         row.append(f"{100 * excess[row[0]] / total_excess:.0f} %" if row[0] in excess and total_excess > 0 else "")
     emit(table(["closest approach", "trajectories", "share", "plain median ms (p25-p75)",
-                "swept median ms (p25-p75)", "swept / plain", "swept 1 / plain", "share of swept - plain"], rows))
+                "swept median ms (p25-p75)", "swept / plain", "swept 1 / plain", "share of swept - plain (swept)"],
+               rows))
     near = sum(v for (name, lo, hi) in APPROACH_BANDS[:2] if (v := excess.get(name)) is not None)
     if plain_sum > 0:
         emit(f"Summed over the groups' calls: swept / plain {(plain_sum + total_excess) / plain_sum:.2f}; with the "
              "swept cost of every trajectory that never comes within r + eta equal to its plain cost: "
              f"{(plain_sum + near) / plain_sum:.2f}. (Separate calls of one sphere a step: these sums differ from "
-             "the one call of the table above.) 'swept': sweep_steps "
-             f"{SWEEP_STEPS}; 'swept 1': sweep_steps 1, summed over the groups' calls "
+             f"the one call of the table above.) 'swept': sweep_steps {SWEEP_STEPS}; 'swept 1': sweep_steps 1, "
+             f"whose swept / plain summed over the groups' calls reads "
              f"{(plain_sum + sum(excess_1.values())) / plain_sum:.2f}.")
 
 

@@ -244,8 +244,8 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
     first = bound
     if data >= 0 and (winding or (pseudo and is_solid(mesh, data))):
         first = wp.min(bound, need * REACH_MARGIN + REACH_SLACK)
-    # Beyond first of the mesh's bounds, nothing is found within first and no point is inside:
-    # the result is "nothing" as after the search below.
+    # Out of reach at first: nothing is within first of p and p is not inside, which is what the
+    # search below would conclude.
     if out_of_reach(mesh, data, bounding_radius, p, first):
         return found, sd, grad
     slivers = has_slivers(mesh, data)
