@@ -674,9 +674,7 @@ def _time_worlds(b: Bench, worlds: dict, plain_spheres: np.ndarray, traj: np.nda
             cases[f"swept, {CUROBO_STYLE}"] = lambda f=swept_ref.forward_backward: f(SWEEP_STEPS)
             if plain_on_swept:
                 cases[f"plain on the swept spheres, {CUROBO_STYLE}"] = swept_ref.forward_backward
-    if b.device == "cpu":
-        cases = {k: (lambda f=f: _one_thread(f)) for k, f in cases.items()}
-    return b.timed(cases, reps=3 if b.quick else 11, shuffle=True)
+    return timed_side_by_side(b, cases)
 
 
 def _adoption_cost(b: Bench, meshes: list) -> None:
@@ -704,6 +702,14 @@ def _adoption_cost(b: Bench, meshes: list) -> None:
 def _one_thread(fn: Callable[[], object]) -> None:
     with cpu_threads(1):
         fn()
+
+
+def timed_side_by_side(b: Bench, cases: dict) -> dict:
+    """b.timed of ``cases`` for ratios read side by side: each case on one thread on the CPU,
+    interleaved in a new order every round, 11 repetitions (3 with --quick)."""
+    if b.device == "cpu":
+        cases = {k: (lambda f=f: _one_thread(f)) for k, f in cases.items()}
+    return b.timed(cases, reps=3 if b.quick else 11, shuffle=True)
 
 
 def world_updates(b: Bench) -> None:

@@ -34,8 +34,8 @@ import torch
 import robot_sdf
 from bench import Stats, cpu_model, emit, section, table
 from bench import real_meshes, scenes
-from bench.core_bench import (CUROBO_STYLE, SWEEP_STEPS, Bench, CostRunner, TensorWorld, _one_thread,
-                              build_world)
+from bench.core_bench import (CUROBO_STYLE, SWEEP_STEPS, Bench, CostRunner, TensorWorld, build_world,
+                              timed_side_by_side)
 from bench.curobo_style import CuroboStyleRunner
 from robot_sdf import SignMethod
 from robot_sdf.warp_primitives import SdfMeshWarpPy, SweptSdfMeshWarpPy
@@ -153,9 +153,7 @@ def real_mesh_table(b: Bench, sphere_counts: tuple[int, ...] | None = None) -> N
             cases[("plain", name)] = plain.forward_backward
             cases[("swept", name)] = swept.swept_forward_backward
             cases[("plain on the rollouts", name)] = swept.forward_backward
-        if b.device == "cpu":
-            cases = {k: (lambda f=f: _one_thread(f)) for k, f in cases.items()}
-        res: dict[tuple[str, str], Stats] = b.timed(cases, reps=3 if b.quick else 11, shuffle=True)
+        res: dict[tuple[str, str], Stats] = timed_side_by_side(b, cases)
         costed = _costed_shares(plain_ref, swept_ref, runners)
         n_plain, n_roll = spheres.shape[0], int(np.prod(shape))
         for kind in ("plain", "swept", "plain on the rollouts"):
@@ -201,9 +199,7 @@ def swept_by_sweep_steps(b: Bench, runners: dict[str, CostRunner]) -> None:
         cases[(name, "plain")] = runner.forward_backward
         for k in SWEEP_STEPS_COMPARED:
             cases[(name, f"swept {k}")] = lambda f=runner.swept_forward_backward, k=k: f(k)
-    if b.device == "cpu":
-        cases = {key: (lambda f=f: _one_thread(f)) for key, f in cases.items()}
-    res: dict[tuple[str, str], Stats] = b.timed(cases, reps=3 if b.quick else 11, shuffle=True)
+    res: dict[tuple[str, str], Stats] = timed_side_by_side(b, cases)
     rows = []
     for name in runners:
         plain = res[(name, "plain")].median
@@ -250,9 +246,7 @@ def swept_by_approach(b: Bench, world, rollouts: np.ndarray) -> None:
         runner = SnapshotRunner(world, trajectories[chosen])
         cases = {"plain": runner.forward_backward, "swept": runner.swept_forward_backward,
                  "swept 1": lambda f=runner.swept_forward_backward: f(1)}
-        if b.device == "cpu":
-            cases = {k: (lambda f=f: _one_thread(f)) for k, f in cases.items()}
-        res = b.timed(cases, reps=3 if b.quick else 11, shuffle=True)
+        res = timed_side_by_side(b, cases)
         plain, swept = res["plain"].median, res["swept"].median
         plain_sum += plain
         excess[name] = swept - plain
