@@ -4,6 +4,8 @@
 #   make test         run the pytest suite, modules in parallel (TEST_WORKERS; test/colcon_test.py builds
 #                     a colcon workspace under build/)
 #   make test-ros     run the ROS-facing tests only (node, client, lifecycle, tf, colcon, launch, reliability)
+#   make test-warp-oldest  run the core tests (every test file that needs no ROS) on the oldest Warp
+#                     robot_sdf supports (requirements/warp-oldest.txt), installed beside the venv's pin
 #   make colcon       build the ROS 2 workspace build/colcon_ws-<venv name> (both packages) with colcon
 #   make demo         run the demo (robot_sdf.examples.demo)
 #   make arm-demo     run the arm demo (robot_sdf.examples.arm_demo: Franka Panda, gradient MPC) into arm_out/
@@ -70,7 +72,7 @@ IFACE_STAMP := $(VENV)/.robot_sdf-interfaces-stamp
 STAMP := $(VENV)/.robot_sdf-stamp
 BENCH_STAMP := $(VENV)/.robot_sdf-bench-stamp
 
-.PHONY: venv test test-ros colcon demo arm-demo bench soak interfaces clean distclean
+.PHONY: venv test test-ros test-warp-oldest colcon demo arm-demo bench soak interfaces clean distclean
 
 venv: $(STAMP)
 
@@ -129,6 +131,24 @@ ROS_TESTS := test/distro_test.py $(sort $(wildcard test/ros_*_test.py)) test/lif
              test/colcon_test.py test/launch_test.py test/server_process_test.py test/health_test.py
 test-ros: venv
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS) $(ROS_TESTS)
+
+# The core tests on the oldest supported Warp: that release goes into $(VENV)/warp-oldest (pip
+# --target, without dependencies: Warp has none but numpy) and comes first on PYTHONPATH, so that
+# the venv's pin stays as it is. Core tests: the test files that import nothing of ROS (the same
+# selection as bench/gpu_session.sh's). cuda_build_test is left out: its cold cubin build of three
+# architectures takes 5-11 min (it runs in `make test` on the pin).
+WARP_OLDEST := $(shell sed -n 's/^warp-lang==//p' requirements/warp-oldest.txt)
+WARP_OLDEST_DIR := $(VENV)/warp-oldest
+WARP_OLDEST_STAMP := $(WARP_OLDEST_DIR)/.robot_sdf-stamp
+CORE_TESTS = $(filter-out test/cuda_build_test.py,$(shell grep -L -E "rclpy|ros_helpers|robot_sdf\.ros|launch_testing|colcon" test/*_test.py))
+$(WARP_OLDEST_STAMP): $(STAMP) requirements/warp-oldest.txt
+	@echo "[setup] installing warp-lang $(WARP_OLDEST) into $(WARP_OLDEST_DIR) ..."
+	rm -rf $(WARP_OLDEST_DIR)
+	$(PIP) install --quiet --no-deps --target $(WARP_OLDEST_DIR) -r requirements/warp-oldest.txt
+	@touch $@
+test-warp-oldest: $(WARP_OLDEST_STAMP)
+	PYTHONPATH=$(abspath $(WARP_OLDEST_DIR)) ROBOT_SDF_EXPECT_WARP=$(WARP_OLDEST) \
+	  $(PY) -m pytest $(XDIST) $(PYTEST_ARGS) $(CORE_TESTS)
 
 # The workspace build of docs/install.md (`colcon build --paths src/robot_sdf src/robot_sdf/robot_sdf_interfaces`)
 # from this checkout, into build/colcon_ws-<venv name>/{build,install,log}: one workspace per venv,

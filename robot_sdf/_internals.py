@@ -3,7 +3,8 @@
 Each shortcut is used only on the library versions it was checked against (SUPPORTED_*) and has
 a public equivalent that a test compares it with (test/autograd_contract_test.py for torch,
 test/world_updates_test.py for rclpy); on other versions the public path is taken. (Warp's
-recorded-launch shortcut, robot_sdf.launch's direct CPU calls, has the same gate: WARP_SHORTCUTS.)
+recorded-launch shortcut, robot_sdf.launch's direct CPU calls, is gated the same way, on the Warp
+releases of kernels.warp_release.CHECKED_RELEASES: WARP_SHORTCUTS.)
 
 - direct_apply: torch.autograd.Function.apply is a Python wrapper around the C entry point
   (torch._C._FunctionBase.apply): it binds default arguments with inspect.signature for
@@ -36,10 +37,10 @@ from typing import Callable
 
 import torch
 from torch.autograd import forward_ad
-import warp as wp
+
+from robot_sdf.kernels import warp_release
 
 SUPPORTED_TORCH = ("2.13",)
-SUPPORTED_WARP = ("1.19",)
 SUPPORTED_RCLPY = ("7.1", "9.1")  # ROS 2 Jazzy, Kilted
 
 
@@ -48,7 +49,7 @@ def _minor(version: str) -> str:
 
 
 TORCH_SHORTCUTS = _minor(torch.__version__) in SUPPORTED_TORCH
-WARP_SHORTCUTS = _minor(wp.config.version) in SUPPORTED_WARP
+WARP_SHORTCUTS = warp_release.WARP_CHECKED
 
 
 def public_apply(function):

@@ -147,7 +147,7 @@ def sphere_cost(world, spheres, activation_distance=0.05, weight=1.0, env_index=
     w, eta, max_d = scalar_tensors(world, activation_distance, weight, max_distance)
     with world.reading() as snap:
         args = SphereCostArgs(w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
-                              False, snap.sign_methods, _transforms_active(), snapshot=snap)
+                              False, snap.sign_methods, _transforms_active(), snapshot=snap, reading=world.reading)
         cost = _SphereCost.apply(s, env, args)[0] if args.second_order else _EagerSphereCost.apply(s, env, args)
     return cost if spheres.dtype is torch.float32 else _as_input_dtype(cost, spheres)
 
@@ -194,7 +194,7 @@ def signed_distance(world, points, env=0, max_distance=None, return_revision=Fal
     env_index = env_rows(world.device, int(env))
     with world.reading() as snap:
         args = SphereCostArgs(w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, max_d,
-                              True, snap.sign_methods, _transforms_active(), snapshot=snap)
+                              True, snap.sign_methods, _transforms_active(), snapshot=snap, reading=world.reading)
         dist, grad = _sphere_cost_apply(spheres, env_index, args)
         revision = snap.revision
     result = (_as_input_dtype(dist.reshape(-1), pts), grad.detach().reshape(-1, 4)[:, :3])

@@ -111,8 +111,18 @@ def torch_stream(device: torch.device) -> wp.Stream:
         stream = wp.stream_from_torch(ts)
         _streams[key] = stream
         while len(_streams) > STREAM_CACHE_SIZE:
-            _streams.popitem(last=False)
+            _, evicted = _streams.popitem(last=False)
+            # A Warp wrapper of an external stream unregisters the stream inside Warp when it is
+            # collected, for every wrapper of it (a caller's own wp.stream_from_torch included:
+            # its graph captures would then fail as "unknown stream"). The evicted one lets go
+            # without unregistering; Warp keeps one event per stream ever seen here.
+            evicted.cuda_stream = None
         return stream
+
+
+def warp_torch_stream(wdev, device: torch.device) -> torch.cuda.ExternalStream:
+    """Warp's current stream on ``wdev`` (where BVH builds and refits run) as a torch stream."""
+    return torch.cuda.ExternalStream(wp.get_stream(wdev).cuda_stream, device=device)
 
 
 class _Launches(threading.local):

@@ -292,6 +292,10 @@ class RobotModel:
         self._active = torch.tensor(active, dtype=torch.long, device=self.device)
         self._const = torch.tensor(const, dtype=dtype, device=self.device)
         self._mimic = mimic
+        # The mimic joints' rows as index tensors made once: one built per FK call would be a
+        # host-to-device copy on CUDA every time.
+        self._mimic_rows = [(torch.tensor([i], dtype=torch.long, device=self.device), src, a, b)
+                            for i, src, a, b in mimic]
         self.lower = torch.tensor([j.lower for j in self.joints], dtype=dtype, device=self.device)
         self.upper = torch.tensor([j.upper for j in self.joints], dtype=dtype, device=self.device)
         self.velocity = torch.tensor([j.velocity for j in self.joints], dtype=dtype, device=self.device)
@@ -321,8 +325,8 @@ class RobotModel:
     def full_joint_vector(self, q: torch.Tensor) -> torch.Tensor:
         """(B, chain joints) of q (B, dof): locked constants and mimic joints filled in."""
         full = self._const.expand(q.shape[0], self._n_chain).index_copy(1, self._active, q)
-        for i, src, a, b in self._mimic:
-            full = full.index_copy(1, torch.tensor([i], device=q.device), a * full[:, src:src + 1] + b)
+        for row, src, a, b in self._mimic_rows:
+            full = full.index_copy(1, row, a * full[:, src:src + 1] + b)
         return full
 
     def clamp(self, q: torch.Tensor) -> torch.Tensor:

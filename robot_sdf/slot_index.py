@@ -34,6 +34,8 @@ import torch
 import warp as wp
 
 from robot_sdf import kernels
+from robot_sdf.launch import warp_torch_stream
+from robot_sdf.snapshot_lifetime import graveyard
 
 # Below this many slots an environment keeps the plain per-slot loop.
 MIN_SLOTS = 8
@@ -74,6 +76,8 @@ class SlotIndex:
         self.stale_from: int | None = None
         self.builds = 0
         self.refits = 0
+        # CUDA: an event on Warp's stream after the last update's builds, refits and id copy.
+        self.ready = None
 
     # ------------------------------------------------------------------ writers
     def mark(self, env: int, revision: int, count: int) -> None:
@@ -139,11 +143,19 @@ class SlotIndex:
                 self._host_ids[env] = bvh.id
                 self.builds += 1
         if self.device.type == "cuda":
-            # Rare (once per changed revision that is evaluated): wait for the builds here rather
-            # than ordering every later evaluation stream after Warp's.
-            wp.synchronize_device(self._wdev)
-            self.ids.copy_(torch.from_numpy(self._host_ids.view(np.int64)))
-            torch.cuda.current_stream(self.device).synchronize()
+            # Stream-ordered, no host wait: the ids go up on Warp's stream (where the builds and
+            # refits ran, after the evaluations the world tracked: MeshWorld._update_slot_index),
+            # staged in pinned memory that torch's host cache keeps until the copy has run; every
+            # evaluation's stream waits for ``ready`` (WorldSnapshot.before_use), and the replaced
+            # trees are freed once it has passed.
+            stream = warp_torch_stream(self._wdev, self.device)
+            staged = torch.from_numpy(self._host_ids.view(np.int64).copy()).pin_memory()
+            with torch.cuda.stream(stream):
+                self.ids.copy_(staged, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(stream)
+            self.ready = ready
+            graveyard.add((ready,), tuple(retired), ())
         else:
             self.ids.copy_(torch.from_numpy(self._host_ids.view(np.int64)))
         del retired

@@ -20,19 +20,20 @@ class Retention:
     A snapshot names Warp meshes (by address) and owns small tensors that kernels read on the
     caller's stream. On the CPU kernels have run when the launch returns; on CUDA they may still
     be queued when the caller drops the snapshot, so ``after_use`` records an event on the
-    caller's stream and, when the snapshot is collected before that event has completed, its
-    geometries and tensors move to a graveyard that lets go of them once it has (checked on every
-    later collection and world change; never a host wait). ``ready`` is an event on Warp's stream
+    caller's stream (the last one per stream: readers on several streams each keep theirs) and,
+    when the snapshot is collected before those events have completed, its geometries and tensors
+    move to a graveyard that lets go of them once they have (checked on every later collection
+    and world change; never a host wait). ``ready`` is an event on Warp's stream
     recorded at publication, after every BVH build or refit this snapshot depends on: evaluations
     make their stream wait for it (stream-ordered, instead of a whole-device sync).
     """
 
-    __slots__ = ("geometries", "tensors", "event", "ready", "tracker", "device")
+    __slots__ = ("geometries", "tensors", "events", "ready", "tracker", "device")
 
     def __init__(self, geometries: tuple, tensors: tuple, ready=None, tracker=None, device=None):
         self.geometries = geometries
         self.tensors = tensors
-        self.event = None
+        self.events: dict[int, object] = {}  # CUDA stream handle -> its last reader's event
         self.ready = ready  # None on the CPU: kernels there have run when the launch returns
         self.tracker = tracker
         self.device = device
@@ -47,15 +48,15 @@ class Retention:
         stream = torch.cuda.current_stream(self.device)
         event = torch.cuda.Event()
         event.record(stream)
-        self.event = event
+        self.events[int(stream.cuda_stream)] = event
         if self.tracker is not None:
             self.tracker.note(stream, event)
 
     def __del__(self) -> None:
         try:
-            event = self.event
-            if event is not None and not event.query():
-                graveyard.add(event, self.geometries, self.tensors)
+            pending = tuple(event for event in self.events.values() if not event.query())
+            if pending:
+                graveyard.add(pending, self.geometries, self.tensors)
             graveyard.purge()
         except Exception:  # pragma: no cover - interpreter shutdown (module globals gone)
             pass
@@ -68,9 +69,10 @@ class _Graveyard:
         self._lock = threading.Lock()
         self._entries: list[tuple] = []
 
-    def add(self, event, geometries: tuple, tensors: tuple) -> None:
+    def add(self, events: tuple, geometries: tuple, tensors: tuple) -> None:
+        """Keep ``geometries`` and ``tensors`` until every CUDA event of ``events`` has completed."""
         with self._lock:
-            self._entries.append((event, geometries, tensors))
+            self._entries.append((events, geometries, tensors))
 
     def purge(self) -> None:
         if not self._entries:
@@ -78,7 +80,7 @@ class _Graveyard:
         with self._lock:
             done, pending = [], []
             for entry in self._entries:
-                (done if entry[0].query() else pending).append(entry)
+                (done if all(event.query() for event in entry[0]) else pending).append(entry)
             self._entries = pending
         del done  # geometries are freed here, outside the lock
 

@@ -100,7 +100,11 @@ class WorldSnapshot:
 
     def before_use(self) -> None:
         """Call before queueing kernels that read this snapshot (on CUDA: the caller's current
-        stream waits for the BVH builds and refits it depends on; nothing on the CPU)."""
+        stream waits for the BVH builds and refits it depends on, the slot BVHs' too; nothing on
+        the CPU)."""
+        index = self._slot_index
+        if index is not None and index.ready is not None:
+            torch.cuda.current_stream(self.device).wait_event(index.ready)
         for keep in self._keepalive:
             hook = getattr(keep, "before_use", None)
             if hook is not None:

@@ -149,8 +149,22 @@ def _sphere_cost_into(query_spheres, cost, grad, sparsity, b, h, n, weight, acti
         return
     inputs = [flat_descriptor(spheres_data, 16), *constants, env_descriptor(env, use_env), use_env, h * n,
               int(bool(compute_esdf)), int(bool(compute_grad))]
-    launch_kernel(kernels.sphere_cost_kernel, total, inputs,
-                  [flat_descriptor(cost, 4), flat_descriptor(grad, 16), flat_descriptor(sparsity, 1)], device)
+    _launch_reading(snapshot, kernels.sphere_cost_kernel, total, inputs,
+                    [flat_descriptor(cost, 4), flat_descriptor(grad, 16), flat_descriptor(sparsity, 1)], device)
+
+
+def _launch_reading(snapshot, kernel, total: int, inputs: list, outputs: list, device: torch.device) -> None:
+    """launch_kernel, reading a MeshWorld snapshot on CUDA as MeshWorld.reading() does: the stream
+    waits for the builds and refits the snapshot depends on, and an event after the launch keeps
+    its meshes and tensors alive (and in-place refits waiting) until the kernel has run, also for
+    callers that hand a snapshot to the Functions themselves. On the CPU kernels have run when the
+    launch returns."""
+    if snapshot is None or device.type != "cuda":
+        launch_kernel(kernel, total, inputs, outputs, device)
+        return
+    snapshot.before_use()
+    launch_kernel(kernel, total, inputs, outputs, device)
+    snapshot.after_use()
 
 
 # sphere_cost_kernel's arguments by kind, for the direct CPU call: those constant_arguments gives,
@@ -241,7 +255,7 @@ def launch_swept_sphere_cost(
                   scalar_descriptor(speed_dt, device), world, env_descriptor(env, use_env), *numbers]
         outputs = [flat_descriptor(outs.cost, 4), flat_descriptor(outs.sparsity, 1),
                    flat_descriptor(partials.buffer, 16), flat_descriptor(evaluations, 4)]
-        launch_kernel(kernels.swept_sphere_cost_kernel, total, inputs, outputs, device)
+        _launch_reading(snapshot, kernels.swept_sphere_cost_kernel, total, inputs, outputs, device)
     if compute_grad:
         # The sum over the rows, as two adds (torch.sum over the leading dimension took 1.5x longer).
         torch.add(partials.buffer[0], partials.buffer[1], out=outs.grad).add_(partials.buffer[2])
@@ -301,7 +315,7 @@ def launch_sphere_hessian(query_spheres, weight, activation_distance, mesh_idx, 
     hessian = torch.empty(b, h, n, 3, 3, dtype=torch.float32, device=device)
     inputs = [flat_descriptor(spheres_data, 16), *constants, env_descriptor(env, use_env), use_env, h * n,
               int(bool(compute_esdf))]
-    launch_kernel(kernels.sphere_hessian_kernel, b * h * n, inputs, [flat_descriptor(hessian, 36)], device)
+    _launch_reading(snapshot, kernels.sphere_hessian_kernel, b * h * n, inputs, [flat_descriptor(hessian, 36)], device)
     return hessian
 
 
@@ -316,10 +330,10 @@ class SphereCostArgs:
     env_query_idx, which a vmap may batch, travels as a tensor argument of its own."""
 
     __slots__ = ("weight", "activation_distance", "mesh_idx", "mesh_pose_inverse", "mesh_enable", "n_env_mesh",
-                 "max_dist", "compute_esdf", "sign_method", "second_order", "snapshot")
+                 "max_dist", "compute_esdf", "sign_method", "second_order", "snapshot", "reading")
 
     def __init__(self, weight, activation_distance, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, max_dist,
-                 compute_esdf: bool, sign_method, second_order: bool = True, snapshot=None):
+                 compute_esdf: bool, sign_method, second_order: bool = True, snapshot=None, reading=None):
         self.weight, self.activation_distance, self.max_dist = weight, activation_distance, max_dist
         self.mesh_idx, self.mesh_pose_inverse, self.mesh_enable, self.n_env_mesh = \
             mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh
@@ -327,8 +341,11 @@ class SphereCostArgs:
         # Under a torch.func transform (robot_sdf.cost then uses its torch.func Function, whose
         # gradient output is differentiable).
         self.second_order = second_order
-        # The MeshWorld snapshot the world tensors come from, if any (launch_sphere_cost).
+        # The MeshWorld snapshot the world tensors come from, if any (launch_sphere_cost), and its
+        # world's ``reading`` (MeshWorld.reading), if any: the Hessian, launched later by a
+        # backward, holds off the world's in-place refits as the forward's launch did.
         self.snapshot = snapshot
+        self.reading = reading
 
     def launch(self, spheres: torch.Tensor, env: torch.Tensor | None,
                compute_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -344,6 +361,12 @@ class SphereCostArgs:
         return cost, grad
 
     def hessian(self, spheres: torch.Tensor, env: torch.Tensor | None) -> torch.Tensor:
+        if self.reading is not None:
+            with self.reading():
+                return self._hessian(spheres, env)
+        return self._hessian(spheres, env)
+
+    def _hessian(self, spheres: torch.Tensor, env: torch.Tensor | None) -> torch.Tensor:
         return launch_sphere_hessian(spheres, self.weight, self.activation_distance, self.mesh_idx,
                                      self.mesh_pose_inverse, self.mesh_enable, self.n_env_mesh, self.max_dist, env,
                                      self.compute_esdf, self.sign_method, self.snapshot)

@@ -22,7 +22,7 @@ import torch
 import warp as wp
 
 from robot_sdf import cost, geometry
-from robot_sdf.launch import init_warp, warp_device
+from robot_sdf.launch import init_warp, warp_device, warp_torch_stream
 from robot_sdf.slot_index import SlotIndex
 from robot_sdf.snapshot_lifetime import Retention, StreamTracker, graveyard
 from robot_sdf.types import POSE_INVERSE_SIZE, SignMethod, WorldSnapshot
@@ -312,6 +312,7 @@ class MeshWorld:
         (``auto`` classifies the geometry once; the result is cached with it, see mesh_info).
         Returns the new revision.
         """
+        self._refuse_in_capture()
         self._check_name(name)
         self.check_env(env)
         requested = self.sign_method if sign_method is None else SignMethod.parse(sign_method)
@@ -340,6 +341,7 @@ class MeshWorld:
             return self._publish(structural=True, env=env)
 
     def remove_mesh(self, name: str, env: int = 0) -> int:
+        self._refuse_in_capture()
         with self._write_lock:
             slot = self._require(name, env)
             index = self._index(env, slot)
@@ -356,6 +358,7 @@ class MeshWorld:
 
         Setting the pose a mesh already has changes nothing and keeps the revision, so a
         re-sent pose message is harmless."""
+        self._refuse_in_capture()
         p = geometry.validate_pose(pose)
         with self._write_lock:
             slot = self._require(name, env)
@@ -367,6 +370,7 @@ class MeshWorld:
 
     def set_enabled(self, name: str, enabled: bool, env: int = 0) -> int:
         """Enable or disable a mesh; no change (and no new revision) if it already is."""
+        self._refuse_in_capture()
         with self._write_lock:
             slot = self._require(name, env)
             if slot.enabled == bool(enabled):
@@ -382,6 +386,7 @@ class MeshWorld:
         If the geometry is shared with other slots (identical content), those keep the old shape
         and this slot gets its own copy.
         """
+        self._refuse_in_capture()
         v = geometry.validate_vertices(vertices)
         p = None if pose is None else geometry.validate_pose(pose)
         with self._write_lock:
@@ -439,10 +444,19 @@ class MeshWorld:
         if not isinstance(env, (int, np.integer)) or isinstance(env, bool) or not 0 <= int(env) < self.num_envs:
             raise ValueError(f"env {env!r} out of range: this world has {self.num_envs} environment(s)")
 
+    def _refuse_in_capture(self) -> None:
+        """World changes copy host data and build BVHs: inside a CUDA graph capture they would be
+        recorded once and replayed with stale addresses. Refused with a clear message (and
+        nothing changed) instead of failing deep inside torch or Warp."""
+        if self._cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("MeshWorld changes (add_mesh, remove_mesh, set_pose, set_enabled, update_vertices) "
+                               "cannot run inside a CUDA graph capture: make them before capturing or between "
+                               "replays; a captured evaluation reads the world's tensors in place")
+
     # ------------------------------------------------------------------ internals
     def _warp_stream(self):
         """Warp's stream on this world's device (where builds and refits run), as a torch stream."""
-        return torch.cuda.ExternalStream(wp.get_stream(warp_device(self.device)).cuda_stream, device=self.device)
+        return warp_torch_stream(warp_device(self.device), self.device)
 
     def _sync_device_before_write(self) -> None:
         # Queries run on their callers' torch streams, builds and refits on Warp's: on CUDA, Warp's
@@ -596,10 +610,17 @@ class MeshWorld:
         self._pose_inv[env, i, 7] = slot.geometry.cull_radius
 
     def _tensor(self, mirror: np.ndarray) -> torch.Tensor:
-        """A new tensor on the world's device holding a copy of ``mirror`` (never aliasing it)."""
+        """A new tensor on the world's device holding a copy of ``mirror`` (never aliasing it).
+
+        On CUDA without a host wait: staged in pinned memory (torch's host cache keeps the block
+        until the copy has run) and copied on Warp's stream, before the snapshot's ready event is
+        recorded there (_publish_snapshot). A copy from pageable memory would wait for all work
+        queued on the device, evaluations included, on every pose or enable update."""
         if self.device.type == "cpu":
             return torch.from_numpy(mirror.copy())
-        return torch.from_numpy(mirror).to(self.device)
+        staged = torch.from_numpy(mirror).pin_memory()
+        with torch.cuda.stream(self._warp_stream()):
+            return staged.to(self.device, non_blocking=True)
 
     def _publish(self, structural: bool = False, pose: bool = False, enable: bool = False, env: int | None = None) -> int:
         """Publish the mirrors as a new snapshot; ``pose``/``enable`` name the only arrays that
@@ -614,10 +635,6 @@ class MeshWorld:
 
     def _publish_snapshot(self, structural: bool = False, pose: bool = False, enable: bool = False) -> None:
         prev = self._snapshot
-        ready = None
-        if self.device.type == "cuda":
-            ready = torch.cuda.Event()
-            ready.record(self._warp_stream())
         if structural or prev is None:
             # Keep every geometry a slot names alive while this view exists: exactly the
             # geometries in use (users > 0), O(distinct geometries) rather than O(slots).
@@ -629,6 +646,11 @@ class MeshWorld:
             tensors = (prev.mesh_idx, self._tensor(self._pose_inv) if pose else prev.mesh_pose_inverse,
                        self._tensor(self._enable) if enable else prev.mesh_enable, prev.n_env_mesh,
                        prev.sign_methods)
+        ready = None
+        if self.device.type == "cuda":
+            # After the BVH builds and refits and the tensors' copies, all on Warp's stream.
+            ready = torch.cuda.Event()
+            ready.record(self._warp_stream())
         self._snapshot = WorldSnapshot(
             mesh_idx=tensors[0],
             mesh_pose_inverse=tensors[1],

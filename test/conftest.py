@@ -25,6 +25,7 @@ import warp as wp  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import reference as ref  # noqa: E402
+from robot_sdf.kernels import native  # noqa: E402
 
 wp.config.log_level = wp.LOG_WARNING
 wp.init()
@@ -130,6 +131,34 @@ def build_warp_env(envs: list[list[ref.RefMesh]], device: str, capacity: int | N
         env.adopted = adopt_meshes(env.mesh_idx)
         env.mesh_idx, env.sign_methods = env.adopted.mesh_idx, env.adopted.sign_methods
     return env
+
+
+def assert_kernels_agree(actual, expected, device: str, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    """Two kernels (or two launches) that compute the same values by different code: equal to the
+    bit on the CPU, where Warp compiles without multiply-add contraction and both walk the same
+    BVH; within float32 rounding on CUDA, where NVRTC fuses multiply-adds differently in
+    differently shaped code and a GPU-built BVH visits tied triangles in another order. The
+    default bounds: about 10 float32 ulps of the values relative, 1e-6 absolute (a distance's
+    rounding at a metre, times the cost's slope). numpy arrays or torch tensors."""
+    a = actual.detach().cpu().numpy() if isinstance(actual, torch.Tensor) else np.asarray(actual)
+    b = expected.detach().cpu().numpy() if isinstance(expected, torch.Tensor) else np.asarray(expected)
+    if str(device).startswith("cuda"):
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+    else:
+        np.testing.assert_array_equal(a, b)
+
+
+@wp.kernel
+def _supports_winding_kernel(mesh: wp.uint64, out: wp.array(dtype=wp.int32)):
+    out[0] = wp.where(native.mesh_supports_winding(mesh), 1, 0)
+
+
+def supports_winding(mesh: wp.Mesh) -> bool:
+    """Whether ``mesh`` was built with support_winding_number, read by native.mesh_supports_winding
+    (Warp before 1.16 keeps no such attribute on its Python Mesh)."""
+    out = wp.zeros(1, dtype=wp.int32, device=mesh.device)
+    wp.launch(_supports_winding_kernel, 1, [mesh.id, out], device=mesh.device)
+    return bool(out.numpy()[0])
 
 
 def scalar(x: float, device: str) -> torch.Tensor:

@@ -335,3 +335,27 @@ def test_fit_spheres_check_measures_a_hand_edited_file(toy, tmp_path, capsys):
     edited.write_text("spheres:\n  nolink: [[0, 0, 0, 0.1]]\n")
     assert main([str(toy), "--check", str(edited)]) == 2
     assert "does not have" in capsys.readouterr().err
+
+
+def test_forward_kinematics_builds_no_tensor_from_host_data(toy, tmp_path, monkeypatch):
+    """RobotModel.spheres makes no tensor out of Python data per call (on CUDA each would be a
+    host-to-device copy in the MPC's inner loop): torch.tensor and torch.as_tensor are refused
+    after construction, mimic joints included; the spheres still match the numpy reference."""
+    from robot_sdf.robot import RobotModel
+
+    mimic = tmp_path / "toy_pkg" / "mimic.urdf"
+    mimic.parent.mkdir()
+    mimic.write_text(URDF.replace('<limit lower="0" upper="0.1" velocity="0.2" effort="1"/>',
+                                  '<limit lower="0" upper="0.1" velocity="0.2" effort="1"/>'
+                                  '<mimic joint="j1" multiplier="0.1" offset="0.01"/>'))
+    robot = RobotModel(mimic, SPHERES, dtype=torch.float64)
+    q = torch.tensor([0.3, -0.4])
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("a tensor built from host data on the forward-kinematics path")
+
+    monkeypatch.setattr(torch, "tensor", refuse)
+    monkeypatch.setattr(torch, "as_tensor", refuse)
+    spheres = robot.spheres(q)
+    monkeypatch.undo()
+    np.testing.assert_allclose(spheres.numpy(), _numpy_spheres([0.3, -0.4, 0.04]), rtol=0, atol=1e-6)

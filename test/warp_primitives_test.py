@@ -494,12 +494,13 @@ def test_strided_output_buffers(device, meshes):
 
 # ---------------------------------------------------------------- regressions found in review
 def _single_mesh_cost(vertices, triangles, spheres: np.ndarray, sign_method: str, max_dist: float,
-                      n_env_mesh=None) -> np.ndarray:
+                      n_env_mesh=None, support_winding: bool | None = None) -> np.ndarray:
     import warp as wp
 
     mesh = wp.Mesh(points=wp.array(np.asarray(vertices, np.float32), dtype=wp.vec3),
                    indices=wp.array(np.asarray(triangles, np.int32).reshape(-1), dtype=wp.int32),
-                   support_winding_number=sign_method == "winding_number")
+                   support_winding_number=(sign_method == "winding_number") if support_winding is None
+                   else support_winding)
     s = torch.from_numpy(np.asarray(spheres, np.float32)).reshape(1, 1, -1, 4)
     out_cost = torch.empty(s.shape[:3])
     out_grad = torch.empty(s.shape)
@@ -563,3 +564,19 @@ def test_outputs_on_another_device_are_rejected():
                             scalar(1.0, "cpu"), scalar(ETA, "cpu"), torch.zeros(1, 1, dtype=torch.int64),
                             torch.zeros(1, 1, 8), torch.zeros(1, 1, dtype=torch.uint8), torch.zeros(1, dtype=torch.int32),
                             scalar(0.5, "cpu"))
+
+
+def test_winding_number_slot_of_a_mesh_without_winding_support_is_signed_by_normals():
+    """A mesh built elsewhere without support_winding_number, passed with the winding_number sign
+    method: Warp's winding-number query would read solid-angle data the mesh lacks (on CUDA a
+    fault that ends the context); the kernels sign it by pseudo-normals instead. Costs of spheres
+    inside, across and outside a closed box against the numpy reference."""
+    v, t = ref.box((0.6, 0.5, 0.4))  # full sides
+    rng = np.random.default_rng(12)
+    centres = rng.uniform(-0.35, 0.35, size=(300, 3))
+    spheres = np.concatenate([centres, rng.uniform(0.0, 0.05, size=(300, 1))], 1).astype(np.float32)
+    expected = ref.point_cost(spheres[:, :3], spheres[:, 3], [ref.RefMesh(v, t, np.array([0, 0, 0, 1, 0, 0, 0.]))],
+                              ETA, 1.0, 0.5)[0]
+    assert np.sum(expected > 0.1) > 20  # deep centres among them
+    got = _single_mesh_cost(v, t, spheres, "winding_number", max_dist=0.5, support_winding=False)
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)

@@ -1,5 +1,6 @@
 """robot_sdf's Warp kernels, one module per stage of a query (each tested by test/<module>_test.py):
 
+    warp_release     what differs between the Warp releases robot_sdf runs on, decided at import
     sign_data        the sign-data layout in each mesh's ``velocities`` array, and its accessors
     native           every C++ (func_native) function, behind a Warp version check
     closest_point    exact closest point on a mesh (float64 on the triangle found), pseudo-normals

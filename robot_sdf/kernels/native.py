@@ -4,10 +4,10 @@ These snippets read Warp's internals: the layout of ``wp::Mesh`` (points, indice
 solid-angle properties, average edge length) and ``wp::BVH``, BVH_QUERY_STACK_SIZE, and Warp's
 own helpers (closest_point_to_triangle, robust_solid_angle, evaluate_node_solid_angle,
 distance_to_aabb_sq). None of that is public API, so the module refuses to load on a Warp it was
-not written and tested against (SUPPORTED_WARP): a changed struct would otherwise compile and
-read the wrong fields. To support another Warp, check each snippet against its native/mesh.h,
-bvh.h and solid_angle.h, run the tests (test/native_test.py and the kernel tests), then add its
-minor version.
+not written and tested against (warp_release.CHECKED_RELEASES): a changed struct would otherwise
+compile and read the wrong fields. To support another Warp, check each snippet against its
+native/mesh.h, bvh.h and solid_angle.h, run the tests (test/native_test.py and the kernel tests),
+then add its minor release there.
 
 Snippets that differ between the CPU and CUDA use ``__CUDA_ARCH__``; the macros they define
 (SWEPT_LANES, WARP_TIES, RARELY_CALLED) are #undef'd at the end of the snippet that defines them.
@@ -16,20 +16,19 @@ from __future__ import annotations
 
 import warp as wp
 
-# Warp minor versions whose wp::Mesh / wp::BVH layout and helpers these snippets were checked
-# against (requirements.txt pins warp-lang 1.19.0).
-SUPPORTED_WARP = ("1.19",)
+from robot_sdf.kernels.warp_release import CHECKED_RELEASES, minor_release
 
 
 def check_warp_version(version: str) -> None:
-    """Raise RuntimeError unless Warp ``version`` (e.g. "1.19.0") is in a supported minor series."""
-    minor = ".".join(version.split("+")[0].split(".")[:2])
-    if minor not in SUPPORTED_WARP:
-        supported = ", ".join(f"{v}.x" for v in SUPPORTED_WARP)
+    """Raise RuntimeError unless Warp ``version`` (e.g. "1.19.0") is in a minor release these
+    snippets were checked against (warp_release.CHECKED_RELEASES)."""
+    if minor_release(version) not in CHECKED_RELEASES:
+        supported = ", ".join(f"{v}.x" for v in CHECKED_RELEASES)
         raise RuntimeError(
             f"robot_sdf's native kernel functions (robot_sdf/kernels/native.py) read internals of Warp "
-            f"{supported}, but Warp {version} is installed: install the pinned warp-lang of requirements.txt, "
-            f"or check the snippets against this Warp and add {minor!r} to SUPPORTED_WARP")
+            f"{supported}, but Warp {version} is installed: install a warp-lang of that range "
+            f"(requirements.txt pins one), or check the snippets against this Warp and add "
+            f"{minor_release(version)!r} to warp_release.CHECKED_RELEASES")
 
 
 check_warp_version(wp.config.version)
@@ -55,6 +54,13 @@ def mesh_box_distance_sq(mesh: wp.uint64, p: wp.vec3) -> float:
     """Squared distance of mesh-frame p to the box of the mesh's BVH root (0 inside): Warp keeps
     that box enclosing every triangle across builds and refits, so it bounds any mesh, built
     anywhere, without cached host-side data that could outlive the mesh id."""
+    ...
+
+
+@wp.func_native("""return ((const wp::Mesh*)(mesh))->solid_angle_props != nullptr;""")
+def mesh_supports_winding(mesh: wp.uint64) -> bool:
+    """Whether the mesh was built with ``support_winding_number=True`` (Warp's winding-number
+    queries read the solid-angle data that flag builds, and fault on a mesh without it)."""
     ...
 
 

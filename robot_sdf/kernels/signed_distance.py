@@ -11,7 +11,8 @@ from __future__ import annotations
 import warp as wp
 
 from robot_sdf.kernels.closest_point import UNBOUNDED, closest_feature, closest_feature_face, signed_result
-from robot_sdf.kernels.native import mesh_average_edge_length, mesh_box_distance_sq, mesh_closest_face
+from robot_sdf.kernels.native import (mesh_average_edge_length, mesh_box_distance_sq, mesh_closest_face,
+                                      mesh_supports_winding)
 from robot_sdf.kernels.sign_data import (SIGN_AUTO, SIGN_DEFAULT, SIGN_NORMAL, SIGN_WINDING_NUMBER, box_lower,
                                          box_upper, has_slivers, is_closed, is_solid, recorded_method,
                                          sign_data_offset, supports_winding, winding_radius)
@@ -67,6 +68,11 @@ def mesh_sign_method(mesh: wp.uint64, sign_method: int):
         method = SIGN_NORMAL
         if data >= 0:
             method = recorded_method(mesh, data)
+    if method == SIGN_WINDING_NUMBER and data < 0 and not mesh_supports_winding(mesh):
+        # A mesh built elsewhere without winding-number support: Warp's winding-number query
+        # would read solid-angle data it lacks (on CUDA a fault that ends the context). Warp's
+        # pseudo-normal sign instead (docs/sign_methods.md).
+        method = SIGN_NORMAL
     if method == SIGN_WINDING_NUMBER and data >= 0:
         if not supports_winding(mesh, data):
             # Built without winding-number support (the host refuses such calls; never read it).

@@ -31,6 +31,7 @@ from robot_sdf.kernels.signed_distance import (REACH_MARGIN, REACH_SLACK, closed
 from robot_sdf.kernels.winding import (WINDING_APPROXIMATION_ERROR, batched_winding_inside, box_gap,
                                        open_winding_outside, rim_settled_lanes, rim_slope, settled_winding_inside,
                                        winding_clearance, winding_inside)
+from robot_sdf.kernels.warp_release import OUT_OF_LINE
 
 wp.set_module_options({"enable_backward": False})
 
@@ -676,7 +677,8 @@ def open_point(mesh: wp.uint64, cull_radius: float, sign_method: int, q: wp.vec3
 # Out of line: inlined, its traversal arrays and long-lived state would join the swept kernel's
 # stack frame and spills on the GPU for every mesh (ptxas: kernel spills 748 / 632 B -> 2,636 /
 # 2,044 B, sm_90); called, they are paid only on the meshes it serves. On the CPU no slower.
-@wp.func(inline=False)
+# Warp before 1.18 has no ``inline`` option and inlines it (the same results).
+@wp.func(**OUT_OF_LINE)
 def open_swept_slot_cost(
     mesh: wp.uint64,
     cull_radius: float,
