@@ -68,7 +68,10 @@ class SlotIndex:
         self._uppers = None
         self._host_ids = np.zeros(num_envs + 1, np.uint64)
         self._host_ids[-1] = self._placeholder.id
-        self.ids = torch.from_numpy(self._host_ids.view(np.int64).copy()).to(device)
+        with torch.inference_mode(False):
+            # An ordinary tensor even for a world made under inference_mode: update() writes it
+            # in place, which torch refuses for an inference tensor outside that mode.
+            self.ids = torch.from_numpy(self._host_ids.view(np.int64).copy()).to(device)
         self._lock = threading.Lock()
         self._dirty: set[int] = set()
         # The trees describe every snapshot with applied <= revision < stale_from.

@@ -616,11 +616,15 @@ class MeshWorld:
         until the copy has run) and copied on Warp's stream, before the snapshot's ready event is
         recorded there (_publish_snapshot). A copy from pageable memory would wait for all work
         queued on the device, evaluations included, on every pose or enable update."""
-        if self.device.type == "cpu":
-            return torch.from_numpy(mirror.copy())
-        staged = torch.from_numpy(mirror).pin_memory()
-        with torch.cuda.stream(self._warp_stream()):
-            return staged.to(self.device, non_blocking=True)
+        with torch.inference_mode(False):
+            # Ordinary tensors even when the world changes under inference_mode: inference tensors
+            # have no version counter, so the launch layer could not keep what it validated and
+            # converted from them (world_args) and would read them back on every call.
+            if self.device.type == "cpu":
+                return torch.from_numpy(mirror.copy())
+            staged = torch.from_numpy(mirror).pin_memory()
+            with torch.cuda.stream(self._warp_stream()):
+                return staged.to(self.device, non_blocking=True)
 
     def _publish(self, structural: bool = False, pose: bool = False, enable: bool = False, env: int | None = None) -> int:
         """Publish the mirrors as a new snapshot; ``pose``/``enable`` name the only arrays that

@@ -52,12 +52,21 @@ def _layout(tensors: tuple) -> tuple:
     return tuple(map(_data_ptr, tensors)), tuple(map(_shape_of, tensors)), tuple(map(_stride_of, tensors))
 
 
-def _validator(tensors: tuple, content: bool):
+# _cached's ``content`` for an entry that only validated the tensors' values (the sign codes, the
+# meshes' winding-number support) and describes their own memory.
+VALIDATED = "validated"
+
+
+def _validator(tensors: tuple, content):
     """How an entry over ``tensors`` is checked on every use (_tracked or _layout), or None when it
-    must not be kept: ``content`` entries depend on the values of the tensors (converted copies,
-    the winding-number check of sign tensors), which only a version counter follows."""
+    must not be kept: ``content`` entries depend on the values of the tensors (converted copies),
+    which only a version counter follows. A VALIDATED entry over inference tensors (no version
+    counter) is kept while their layout holds: values written in place into them later (inside
+    inference_mode) are not checked again, and need not be for safety (the kernels sign a
+    winding-number slot of a mesh without winding support by pseudo-normals and any code they
+    do not know by ray parity, never reading memory a mesh lacks)."""
     if any(map(_is_inference, tensors)):
-        return None if content else _layout
+        return _layout if content in (False, VALIDATED) else None
     return _tracked
 
 
@@ -164,7 +173,7 @@ def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device) -
         ready = _ready(sign_method, device, torch.uint8)
         if ready is sign_method:
             return _SIGN_PER_SLOT, _cached(("sign", id(ready), id(mesh_idx)), (ready, mesh_idx),
-                                           lambda: _checked_slot_signs(ready, mesh_idx), content=True)
+                                           lambda: _checked_slot_signs(ready, mesh_idx), content=VALIDATED)
         return _SIGN_PER_SLOT, _checked_slot_signs(ready, mesh_idx)
     method = SignMethod.parse(sign_method)
     if method == SignMethod.WINDING_NUMBER:
@@ -177,9 +186,12 @@ def _sign_arguments(sign_method, mesh_idx: torch.Tensor, device: torch.device) -
 
 
 def _check_call_wide_winding(mesh_idx: torch.Tensor) -> None:
-    """Refuse a call-wide winding_number on any mesh of the world built without support: a host
-    copy of the ids (a device sync on CUDA), only for this override."""
-    _check_winding_support(mesh_idx.detach().reshape(-1).cpu().numpy().astype(np.uint64))
+    """Refuse a call-wide winding_number on any mesh of the world built without support. It reads
+    the ids on the host (a device sync on CUDA) once per ids tensor and version (or layout, for an
+    inference tensor: _validator)."""
+    _cached(("winding", id(mesh_idx)), (mesh_idx,),
+            lambda: _check_winding_support(mesh_idx.detach().reshape(-1).cpu().numpy().astype(np.uint64)),
+            content=VALIDATED)
 
 
 def _check_winding_support(ids: np.ndarray) -> None:

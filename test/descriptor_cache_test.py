@@ -304,3 +304,70 @@ def test_mesh_world_api_follows_every_publish(device):
                                             ETA, 1.0, sweep_steps=2)
             want_swept = ref.swept_sphere_cost(TRAJECTORIES, [meshes], ETA, 1.0, MAX_DIST, 2)[0]
             np.testing.assert_allclose(swept.detach().cpu().double().numpy(), want_swept, atol=ATOL, rtol=1e-4)
+
+
+class _HostReads:
+    """Counts what reads tensor data back to the host (on CUDA each is a device sync):
+    Tensor.cpu, .numpy, .item and .tolist, wrapped for the duration of a block."""
+
+    NAMES = ("cpu", "numpy", "item", "tolist")
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        self.where: list[str] = []
+        for name in self.NAMES:
+            original = getattr(torch.Tensor, name)
+
+            def counted(t, *args, _original=original, _name=name, **kwargs):
+                self.count += 1
+                self.where.append(_name)
+                return _original(t, *args, **kwargs)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)
+
+
+def _eight_obstacles_world(device, sign_method):
+    world = MeshWorld(device=device, sign_method=sign_method, max_distance=MAX_DIST)
+    for i in range(8):
+        pose = np.array([0.4 * (i % 4) - 0.6, 0.4 * (i // 4) - 0.2, 0.0, 1.0, 0.0, 0.0, 0.0])
+        world.add_mesh(f"m{i}", SPH_V if i % 2 else BOX_V, SPH_T if i % 2 else BOX_T, pose)
+    return world
+
+
+@pytest.mark.parametrize("sign_method", ["auto", "winding_number"])
+def test_repeated_calls_read_nothing_back(device, monkeypatch, sign_method):
+    """After a first call, evaluations of an unchanged world read no tensor back to the host: a
+    world changed under inference_mode (8 obstacles: slot BVHs), MeshWorld's plain cost with
+    backward, its swept cost, and SdfMeshWarpPy on the snapshot's tensors with its per-slot sign
+    methods and with one call-wide sign method. Every call's cost is checked against the first
+    (the reference checks of these paths are above and in warp_primitives_test)."""
+    with torch.inference_mode():
+        world = _eight_obstacles_world(device, sign_method)
+    spheres = torch.from_numpy(probe_spheres((2, 3, 16), seed=5).astype(np.float32)).to(device)
+    snap = world.snapshot()
+    b, h, n, _ = spheres.shape
+    outs = (torch.empty(b, h, n, device=device), torch.empty(b, h, n, 4, device=device),
+            torch.zeros(b, h, n, dtype=torch.uint8, device=device))
+    w, eta, max_d = scalar(1.0, device), scalar(ETA, device), scalar(MAX_DIST, device)
+    call_wide = SignMethod.parse(sign_method)
+
+    def evaluate():
+        s = spheres.clone().requires_grad_(True)
+        plain = world.sphere_cost(s, ETA, 1.0)
+        plain.sum().backward()
+        swept = world.swept_sphere_cost(spheres, ETA, 1.0, sweep_steps=2)
+        per_slot = SdfMeshWarpPy.apply(spheres, *outs, w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable,
+                                       snap.n_env_mesh, max_d, None, False, False, snap.sign_methods).clone()
+        wide = SdfMeshWarpPy.apply(spheres, *outs, w, eta, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable,
+                                   snap.n_env_mesh, max_d, None, False, False, call_wide).clone()
+        return [t.detach() for t in (plain, s.grad, swept, per_slot, wide)]
+
+    first = evaluate()
+    assert float(first[0].sum()) > 0.0
+    reads = _HostReads(monkeypatch)
+    again = [evaluate() for _ in range(2)]
+    monkeypatch.undo()
+    assert reads.count == 0, f"host reads on repeated calls: {reads.where}"
+    for results in again:
+        for got, want in zip(results, first):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
