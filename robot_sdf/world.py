@@ -149,6 +149,11 @@ class _WorldRead:
 
     def __enter__(self) -> WorldSnapshot:
         world = self._world
+        if world._cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "a MeshWorld evaluation cannot be captured in a CUDA graph: a replay would read the tensors "
+                "of the snapshot current at capture, which the world frees once it changes; capture "
+                "SdfMeshWarpPy / SweptSdfMeshWarpPy on world tensors you own and update in place instead")
         if not world._slot_index.current():
             world._update_slot_index()
         world._refit_lock._acquire_read()

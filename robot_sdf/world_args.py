@@ -318,6 +318,9 @@ def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inv
                   sign_method, slot_bvh: torch.Tensor | None, device: torch.device) -> tuple:
     """constant_arguments' values, kept per set of argument tensors; slot_bvh None: the placeholder."""
     global _last_set
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return _captured_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable,
+                             n_env_mesh, sign_method, slot_bvh, device)
     last = _last_set
     if last is not None and last[1] is weight and last[2] is activation_distance and last[3] is max_dist \
             and last[4] is mesh_idx and last[5] is mesh_pose_inverse and last[6] is mesh_enable \
@@ -371,3 +374,22 @@ def _constant_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inv
             _last_set = (device, weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse,
                          mesh_enable, n_env_mesh, sign_method, slot_bvh, entry)
     return values
+
+
+def _captured_set(weight, activation_distance, max_dist, mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh,
+                  sign_method, slot_bvh, device: torch.device) -> tuple:
+    """_constant_set's values for a launch inside a CUDA graph capture, built afresh and kept
+    nowhere: a graph replays the addresses it captured, so a converted copy made before the
+    capture (and freed by the caches later) must not be used; one converted inside it is a
+    captured copy that every replay makes again from the caller's tensor, so in-place updates of
+    that tensor reach the kernels. Value checks that read tensors back cannot run inside a capture:
+    they are served from what an earlier call outside it validated."""
+    world = _world_descriptors(mesh_idx, mesh_pose_inverse, mesh_enable, n_env_mesh, device)[0]
+    try:
+        code, slot_signs = _sign_arguments(sign_method, mesh_idx, device)
+    except RuntimeError as error:  # a host read refused by the capture
+        raise RuntimeError("robot_sdf: the sign methods of this call were not validated before the CUDA graph "
+                           "capture; make one call with the same tensors outside the capture first") from error
+    ids = _placeholder_ids(device) if slot_bvh is None else slot_bvh
+    return (owning_descriptor(_scalar(weight, device)), owning_descriptor(_scalar(activation_distance, device)),
+            owning_descriptor(_scalar(max_dist, device)), world_value(world, code, slot_signs, descriptor(ids)))
