@@ -39,7 +39,7 @@ import warp as wp
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from robot_sdf.kernels.native import winding_number
+from robot_sdf.kernels.mesh_queries import winding_number
 from robot_sdf.kernels.sign_data import FACE_INTERIOR_SETTLED, FACE_OPEN, FACE_SETTLED, face_rows_start
 from robot_sdf.kernels.winding import WINDING_APPROXIMATION_ERROR
 

@@ -26,7 +26,7 @@ import torch
 import warp as wp
 
 from robot_sdf import _internals, face_winding, kernels, mesh_analysis
-from robot_sdf.kernels.native import CPU_SPHERES_PER_THREAD
+from robot_sdf.kernels.mesh_queries import CPU_SPHERES_PER_THREAD
 
 _CPU_MIN_SPHERES_PER_POOL_THREAD = 2048
 # CPU launches go straight to the kernel hook (_CpuCall). False sends them through Warp's

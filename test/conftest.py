@@ -25,7 +25,6 @@ import warp as wp  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import reference as ref  # noqa: E402
-from robot_sdf.kernels import native  # noqa: E402
 
 wp.config.log_level = wp.LOG_WARNING
 wp.init()
@@ -148,14 +147,22 @@ def assert_kernels_agree(actual, expected, device: str, rtol: float = 1e-5, atol
         np.testing.assert_array_equal(a, b)
 
 
-@wp.kernel
-def _supports_winding_kernel(mesh: wp.uint64, out: wp.array(dtype=wp.int32)):
-    out[0] = wp.where(native.mesh_supports_winding(mesh), 1, 0)
+_supports_winding_kernel = None
 
 
 def supports_winding(mesh: wp.Mesh) -> bool:
     """Whether ``mesh`` was built with support_winding_number, read by native.mesh_supports_winding
-    (Warp before 1.16 keeps no such attribute on its Python Mesh)."""
+    (Warp before 1.16 keeps no such attribute on its Python Mesh). The kernel is made on first use:
+    importing native refuses a Warp it was not checked against, where the other tests still run."""
+    global _supports_winding_kernel
+    if _supports_winding_kernel is None:
+        from robot_sdf.kernels import native
+
+        @wp.kernel
+        def kernel(mesh: wp.uint64, out: wp.array(dtype=wp.int32)):
+            out[0] = wp.where(native.mesh_supports_winding(mesh), 1, 0)
+
+        _supports_winding_kernel = kernel
     out = wp.zeros(1, dtype=wp.int32, device=mesh.device)
     wp.launch(_supports_winding_kernel, 1, [mesh.id, out], device=mesh.device)
     return bool(out.numpy()[0])

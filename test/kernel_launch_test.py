@@ -16,7 +16,7 @@ import torch
 import reference as ref
 from conftest import build_warp_env, scalar
 from robot_sdf import _internals, kernels, launch
-from robot_sdf.kernels.native import CPU_SPHERES_PER_THREAD
+from robot_sdf.kernels.mesh_queries import CPU_SPHERES_PER_THREAD
 from robot_sdf.warp_primitives import launch_sphere_hessian
 from swept_test import run_swept
 from warp_primitives_test import COST_ATOL, ETA, MAX_DIST, np_, random_spheres, run_cost, scene_meshes

@@ -2,8 +2,10 @@
 
     warp_release     what differs between the Warp releases robot_sdf runs on, decided at import
     sign_data        the sign-data layout in each mesh's ``velocities`` array, and its accessors
-    native           every C++ (func_native) function, behind a Warp version check
     closest_point    exact closest point on a mesh (float64 on the triangle found), pseudo-normals
+    portable         the functions below in pure Warp, for a Warp native was not checked against
+    native           the same functions in C++ (func_native), on the Warp releases it was checked on
+    mesh_queries     the one of the two sets the kernels use, chosen at import (ROBOT_SDF_KERNELS)
     winding          winding-number inside tests and the bounds that spare evaluating them
     signed_distance  signed distance to one mesh: the search, the sign regime, deep points
     slot_walk        the World struct (the world as the query kernels take it); the slots a query
@@ -14,7 +16,7 @@
     hessian          sphere_hessian_kernel: second derivatives of the plain cost and the ESDF
 
 A module imports only modules above it in this list. The query kernels take one sphere per
-thread on CUDA and a run of native.CPU_SPHERES_PER_THREAD on the CPU (slot_walk.thread_spheres); every
+thread on CUDA and a run of mesh_queries.CPU_SPHERES_PER_THREAD on the CPU (slot_walk.thread_spheres); every
 kernel writes every output element it owns, so callers may hand in uninitialised buffers. Gradients are
 analytic, so no Warp adjoint code is generated (enable_backward False, here and in each module).
 
@@ -37,8 +39,8 @@ wp.set_module_options({"enable_backward": False})
 
 from robot_sdf.kernels.closest_point import UNBOUNDED  # noqa: E402
 from robot_sdf.kernels.hessian import sphere_hessian_kernel  # noqa: E402
-from robot_sdf.kernels.native import (face_of, mesh_closest_points, mesh_winding_numbers,  # noqa: E402
-                                      warp_inside, winding_number)
+from robot_sdf.kernels.mesh_queries import (face_of, mesh_closest_points, mesh_winding_numbers,  # noqa: E402
+                                            warp_inside, winding_number)
 from robot_sdf.kernels.plain_cost import point_world_esdf, sphere_cost_kernel, sphere_world_cost  # noqa: E402
 from robot_sdf.kernels.sign_data import (SIGN_AUTO, SIGN_DEFAULT, SIGN_NORMAL, SIGN_PARITY,  # noqa: E402
                                          SIGN_PER_SLOT, SIGN_WINDING_NUMBER, sign_data_offset)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import warp as wp
 
+from robot_sdf.kernels.portable import SLOT_HITS, SWEPT_BATCH, SWEPT_SIDE_BATCH, THIN_ASPECT, slot_hits_t, vec16  # noqa: F401
 from robot_sdf.kernels.warp_release import CHECKED_RELEASES, minor_release
 
 
@@ -57,6 +58,18 @@ def mesh_box_distance_sq(mesh: wp.uint64, p: wp.vec3) -> float:
     ...
 
 
+@wp.func_native("""
+const wp::Mesh& m = *(const wp::Mesh*)(mesh);
+const int root = *m.bvh.root;
+const wp::BVHPackedNodeHalf lo = m.bvh.node_lowers[root];
+const wp::BVHPackedNodeHalf hi = m.bvh.node_uppers[root];
+return wp::distance_to_aabb_sq(p, wp::vec3(lo.x, lo.y, lo.z), wp::vec3(hi.x, hi.y, hi.z)) > reach * reach;""")
+def mesh_box_beyond(mesh: wp.uint64, p: wp.vec3, reach: float) -> bool:
+    """Whether mesh-frame p is farther than ``reach`` (>= 0) from the box of the mesh's BVH root
+    (mesh_box_distance_sq's box)."""
+    ...
+
+
 @wp.func_native("""return ((const wp::Mesh*)(mesh))->solid_angle_props != nullptr;""")
 def mesh_supports_winding(mesh: wp.uint64) -> bool:
     """Whether the mesh was built with ``support_winding_number=True`` (Warp's winding-number
@@ -93,12 +106,10 @@ def spheres_per_thread() -> int:
 
 
 # --------------------------------------------------------------------------------- slot BVH
-# Slots a query visits, collected by slot_bvh_hits. Warp's own wp.bvh_query_aabb keeps its
+# Slots a query visits (SLOT_HITS), collected by slot_bvh_hits. Warp's own wp.bvh_query_aabb keeps its
 # traversal stack in CUDA shared memory (32 ints per thread of the block: 32 KB at 256 threads);
 # beside the mesh queries' stack that passed the 48 KB static limit and ptxas refused both query
 # kernels (test/cuda_build_test.py). This traversal keeps its stack in registers/local memory.
-SLOT_HITS = wp.constant(32)
-slot_hits_t = wp.types.vector(length=33, dtype=wp.int32)
 
 
 @wp.func_native("""
@@ -142,11 +153,11 @@ def slot_bvh_hits(id: wp.uint64, lower: wp.vec3, upper: wp.vec3) -> slot_hits_t:
 
 
 # ------------------------------------------------------------------ thin triangles in float64
-# Longest edge / height above which a triangle counts as thin: the searches below measure its
-# distance in float64 (Warp's float32 distance of a 2000:1 sliver can be off by 1e-2 m, enough for
-# a search to pick a farther triangle). Half the aspect of a sliver (mesh_analysis.SLIVER_ASPECT),
-# so that float32 rounding never lets one pass as well-shaped; THIN_TRIANGLE_CPP writes its square.
-THIN_ASPECT = 10.0
+# THIN_ASPECT (portable.py: the constants both sets share) is the longest edge / height above which
+# a triangle counts as thin: the searches below measure its distance in float64 (Warp's float32
+# distance of a 2000:1 sliver can be off by 1e-2 m, enough for a search to pick a farther
+# triangle). Half the aspect of a sliver (mesh_analysis.SLIVER_ASPECT), so that float32 rounding
+# never lets one pass as well-shaped; THIN_TRIANGLE_CPP writes its square.
 # C++ shared by the searches that measure thin triangles exactly (pasted at the top of their
 # snippets): is_thin(a, b, c); thin_delta(a, b, c, pt) = pt - its closest point on the triangle,
 # in float64 relative to a (Ericson's region test, as closest_point.closest_on_triangle, which also
@@ -284,10 +295,7 @@ def mesh_closest_face(mesh: wp.uint64, p: wp.vec3, max_dist: float) -> int:
 
 # ----------------------------------------------------------- swept samples: shared traversals
 # Samples searched with the centre in one BVH traversal by mesh_closest_points: both sides of
-# sweep_steps up to 7 at once; beyond that, 15 at a time per side.
-SWEPT_BATCH = wp.constant(15)
-SWEPT_SIDE_BATCH = wp.constant(7)
-vec16 = wp.types.vector(length=16, dtype=wp.float32)
+# sweep_steps up to 7 at once; beyond that, 15 at a time per side (SWEPT_BATCH, SWEPT_SIDE_BATCH).
 
 
 @wp.func_native(THIN_TRIANGLE_CPP + """

@@ -11,8 +11,8 @@ from __future__ import annotations
 import warp as wp
 
 from robot_sdf.kernels.closest_point import UNBOUNDED, closest_feature, closest_feature_face, signed_result
-from robot_sdf.kernels.native import (mesh_average_edge_length, mesh_box_distance_sq, mesh_closest_face,
-                                      mesh_supports_winding)
+from robot_sdf.kernels.mesh_queries import (mesh_average_edge_length, mesh_box_beyond, mesh_closest_face,
+                                            mesh_supports_winding)
 from robot_sdf.kernels.sign_data import (SIGN_AUTO, SIGN_DEFAULT, SIGN_NORMAL, SIGN_WINDING_NUMBER, box_lower,
                                          box_upper, has_slivers, is_closed, is_solid, recorded_method,
                                          sign_data_offset, supports_winding, winding_radius)
@@ -111,7 +111,7 @@ def out_of_reach(mesh: wp.uint64, data: int, cull_radius: float, p: wp.vec3, rea
             return False
         return is_closed(mesh, data) or wp.length(p) > winding_radius(mesh, data) + reach_0
     # Warp's own test of the BVH's root box, as its search makes it.
-    return mesh_box_distance_sq(mesh, p) > reach_0 * reach_0
+    return mesh_box_beyond(mesh, p, reach_0)
 
 
 @wp.func
@@ -280,7 +280,7 @@ def mesh_signed_distance(mesh: wp.uint64, p: wp.vec3, bound: float, bounding_rad
                     return found, sd, grad
             elif p[0] < lo[0] or p[1] < lo[1] or p[2] < lo[2] or p[0] > hi[0] or p[1] > hi[1] or p[2] > hi[2]:
                 return found, sd, grad
-        elif (bounding_radius > 0.0 and wp.length(p) > bounding_radius) or mesh_box_distance_sq(mesh, p) > 0.0:
+        elif (bounding_radius > 0.0 and wp.length(p) > bounding_radius) or mesh_box_beyond(mesh, p, 0.0):
             # A mesh without robot_sdf's sign data (built by a caller, e.g. cuRobo's world
             # tensors, whose bounding radius is often 0): its BVH's root box bounds it instead.
             return found, sd, grad

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import warp as wp
 
-from robot_sdf.kernels.native import SLOT_HITS, slot_bvh_hits, slot_hits_t, spheres_per_thread
+from robot_sdf.kernels.mesh_queries import SLOT_HITS, slot_bvh_hits, slot_hits_t, spheres_per_thread
 from robot_sdf.kernels.sign_data import SIGN_PER_SLOT
 from robot_sdf.kernels.signed_distance import widened
 

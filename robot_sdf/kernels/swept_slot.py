@@ -22,8 +22,8 @@ from __future__ import annotations
 import warp as wp
 
 from robot_sdf.kernels.closest_point import UNBOUNDED, closest_feature, closest_feature_face, signed_result
-from robot_sdf.kernels.native import (SWEPT_BATCH, SWEPT_SIDE_BATCH, face_of, mesh_closest_points, vec16,
-                                      warp_inside)
+from robot_sdf.kernels.mesh_queries import (SWEPT_BATCH, SWEPT_SIDE_BATCH, face_of, mesh_closest_points, vec16,
+                                            warp_inside)
 from robot_sdf.kernels.sign_data import SIGN_NORMAL, SIGN_WINDING_NUMBER, box_lower, box_upper, has_slivers
 from robot_sdf.kernels.signed_distance import (REACH_MARGIN, REACH_SLACK, closed_inside_bound, deep_winding_inside,
                                                mesh_sign_method, mesh_signed_distance, out_of_reach, sign_is_closed,

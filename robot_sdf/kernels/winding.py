@@ -14,7 +14,7 @@ from __future__ import annotations
 import warp as wp
 
 from robot_sdf.kernels.closest_point import UNBOUNDED
-from robot_sdf.kernels.native import mesh_winding_numbers, winding_number
+from robot_sdf.kernels.mesh_queries import mesh_winding_numbers, winding_number
 from robot_sdf.kernels.sign_data import (FACE_OPEN, FACE_SETTLED, box_lower, box_upper, face_winding,
                                          rim_chunk_count, rim_chunk_length,
                                          rim_chunk_lower, rim_chunk_row, rim_chunk_upper, surface_area,
