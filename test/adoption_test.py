@@ -638,3 +638,29 @@ def test_inference_tensors_and_bad_input(device):
         adopt_meshes(env.mesh_idx, bad[:, :2])
     with pytest.raises(ValueError, match="n_env, m"):
         adopt_meshes(env.mesh_idx[0])
+
+
+def test_the_capsule_case_readme_gives():
+    """README's measured case of what meshes passed as they are get wrong: a sphere of r = 0.2 m
+    at the centre of a capsule (r 0.1 m, 0.4 m long, mesh_corpus.capsule, 1,024 triangles), eta
+    0.1: Warp's sign calls the centre outside (on the axis every face is equally near), so the
+    cost is that of a sphere 0.1 m outside, 0.150; adopted, the reference's 0.350."""
+    v, t = mesh_corpus.capsule()
+    mesh = wp.Mesh(points=wp.array(v.astype(np.float32), dtype=wp.vec3, device="cpu"),
+                   indices=wp.array(t.astype(np.int32).ravel(), dtype=wp.int32, device="cpu"),
+                   support_winding_number=True)
+    ids = torch.tensor([[np.uint64(mesh.id).astype(np.int64)]])
+    pose = torch.tensor([[[0, 0, 0, 1, 0, 0, 0, 0.0]]], dtype=torch.float32)
+    enable, counts = torch.ones(1, 1, dtype=torch.uint8), torch.tensor([1], dtype=torch.int32)
+    sphere = torch.tensor([[[[0.0, 0.0, 0.0, 0.2]]]])
+
+    def cost(mesh_idx, *sign):
+        out = (torch.zeros(1, 1, 1), torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, dtype=torch.uint8))
+        return float(SdfMeshWarpPy.apply(sphere, *out, torch.tensor([1.0]), torch.tensor([0.1]), mesh_idx, pose,
+                                         enable, counts, torch.tensor([0.5]), None, False, False, *sign))
+
+    expected = ref.point_cost(np.zeros((1, 3)), np.array([0.2]), [ref.RefMesh(v, t)], 0.1, 1.0, 0.5)[0][0]
+    assert abs(expected - 0.35) < 2e-3
+    assert abs(cost(ids) - 0.150) < 1e-3
+    adopted = adopt_meshes(ids)
+    assert abs(cost(adopted.mesh_idx, adopted.sign_methods) - expected) < 1e-5

@@ -68,11 +68,13 @@ def mesh_sign_method(mesh: wp.uint64, sign_method: int):
         method = SIGN_NORMAL
         if data >= 0:
             method = recorded_method(mesh, data)
-    if method == SIGN_WINDING_NUMBER and data < 0 and not mesh_supports_winding(mesh):
-        # A mesh built elsewhere without winding-number support: Warp's winding-number query
-        # would read solid-angle data it lacks (on CUDA a fault that ends the context). Warp's
-        # pseudo-normal sign instead (docs/sign_methods.md).
-        method = SIGN_NORMAL
+    if method == SIGN_WINDING_NUMBER and data < 0:
+        # (Nested: Warp evaluates every operand of ``and``, and this reads the mesh.)
+        if not mesh_supports_winding(mesh):
+            # A mesh built elsewhere without winding-number support: Warp's winding-number query
+            # would read solid-angle data it lacks (on CUDA a fault that ends the context). Warp's
+            # pseudo-normal sign instead (docs/sign_methods.md).
+            method = SIGN_NORMAL
     if method == SIGN_WINDING_NUMBER and data >= 0:
         if not supports_winding(mesh, data):
             # Built without winding-number support (the host refuses such calls; never read it).
