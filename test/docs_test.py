@@ -192,3 +192,30 @@ def test_code_carries_no_session_or_issue_numbers():
             if words.search(line):
                 found.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
     assert not found, "session or issue numbers in code:\n" + "\n".join(found)
+
+
+# Names docs/design.md may use that live outside this repository (Warp, torch, ROS).
+EXTERNAL_NAMES = {"wp", "Mesh", "id", "mesh_query_point", "mesh_query_point_sign_normal", "mesh_eval_velocity",
+                  "torch", "autograd", "Function", "tf2_ros", "static_transforms", "requires_grad", "backward",
+                  "apply"}
+
+
+def _code_words() -> set[str]:
+    """Every identifier in robot_sdf's code, its interfaces, launch and config files."""
+    words: set[str] = set()
+    for folder in ("robot_sdf", "robot_sdf_interfaces", "launch", "config"):
+        for path in (REPO / folder).rglob("*"):
+            if path.is_file() and path.suffix in (".py", ".msg", ".srv", ".yaml", ".txt") and "build" not in path.parts:
+                words.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", path.read_text(errors="replace")))
+    return words
+
+
+def test_design_names_only_what_exists():
+    """Every code name docs/design.md writes in backticks (dotted names: each part) is a word of the
+    code, the interfaces, the launch or config files, or one of Warp's, torch's or ROS's
+    (EXTERNAL_NAMES): a renamed or removed function fails here until the page follows."""
+    words = _code_words() | EXTERNAL_NAMES
+    names = set(re.findall(r"`([A-Za-z_][A-Za-z0-9_.]*)(?:\(\))?`", DESIGN.read_text()))
+    assert len(names) > 40
+    missing = sorted(name for name in names if any(part and part not in words for part in name.split(".")))
+    assert not missing, f"docs/design.md names what the code does not have: {missing}"

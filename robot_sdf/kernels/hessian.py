@@ -10,6 +10,7 @@ from __future__ import annotations
 import warp as wp
 
 from robot_sdf.kernels.closest_point import refine_closest
+from robot_sdf.kernels.plain_cost import penetration_cost
 from robot_sdf.kernels.signed_distance import mesh_signed_distance
 from robot_sdf.kernels.slot_walk import World, env_slots, query_env, slot_at, slot_sign_method, thread_spheres
 
@@ -83,14 +84,9 @@ def sphere_world_hessian(
         mesh = wp.uint64(world.mesh_idx[env, slot])
         found, sd, grad_sd = mesh_signed_distance(
             mesh, p_mesh, bound, world.pose_inv[env, slot, 7], slot_sign_method(world, env, slot), radius + eta)
-        d = radius + eta - sd
-        if found == 0 or d <= 0.0:
+        _, dcost, ddcost = penetration_cost(sd, radius, eta)
+        if found == 0 or dcost <= 0.0:
             continue
-        dcost = float(1.0)
-        ddcost = float(0.0)
-        if d <= eta:
-            dcost = d / eta
-            ddcost = 1.0 / eta
         h = wp.outer(grad_sd, grad_sd) * ddcost - mesh_sd_hessian(mesh, p_mesh, sd, grad_sd) * dcost
         hess += to_world_hessian(q, h)
     return hess

@@ -22,6 +22,26 @@ wp.set_module_options({"enable_backward": False})
 
 
 @wp.func
+def penetration_cost(sd: float, radius: float, eta: float):
+    """The cost of docs/design.md "Cost definition" for one mesh, the one place it is written:
+    (cost_i, d cost_i / d d, d^2 cost_i / d d^2) of a sphere of ``radius`` whose centre has
+    signed distance ``sd`` (m), penetration d = radius + eta - sd. (0, 0, 0) where d <= 0."""
+    d = radius + eta - sd
+    cost = float(0.0)
+    dcost = float(0.0)
+    ddcost = float(0.0)
+    if d > 0.0:
+        dcost = 1.0
+        if d <= eta:
+            cost = d * d / (2.0 * eta)
+            dcost = d / eta
+            ddcost = 1.0 / eta
+        else:
+            cost = d - 0.5 * eta
+    return cost, dcost, ddcost
+
+
+@wp.func
 def sphere_world_cost(
     p: wp.vec3,
     radius: float,
@@ -49,14 +69,9 @@ def sphere_world_cost(
         )
         if found == 0:
             continue
-        d = radius + eta - sd
-        if d > 0.0:
-            dcost = float(1.0)
-            if d <= eta:
-                cost += d * d / (2.0 * eta)
-                dcost = d / eta
-            else:
-                cost += d - 0.5 * eta
+        c, dcost, _ = penetration_cost(sd, radius, eta)
+        if dcost > 0.0:
+            cost += c
             # d d / d p = -grad_sd; back to the world frame with the inverse rotation.
             grad += wp.quat_rotate_inv(q, grad_sd * (-dcost))
     return cost, grad

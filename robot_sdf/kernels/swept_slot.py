@@ -24,6 +24,7 @@ import warp as wp
 from robot_sdf.kernels.closest_point import UNBOUNDED, closest_feature, closest_feature_face, signed_result
 from robot_sdf.kernels.mesh_queries import (SWEPT_BATCH, SWEPT_SIDE_BATCH, face_of, mesh_closest_points, vec16,
                                             warp_inside)
+from robot_sdf.kernels.plain_cost import penetration_cost
 from robot_sdf.kernels.sign_data import SIGN_NORMAL, SIGN_WINDING_NUMBER, box_lower, box_upper, has_slivers
 from robot_sdf.kernels.signed_distance import (REACH_MARGIN, REACH_SLACK, closed_inside_bound, deep_winding_inside,
                                                mesh_sign_method, mesh_signed_distance, out_of_reach, sign_is_closed,
@@ -49,22 +50,6 @@ def swept_sample_weight(k: int, sweep_steps: int, n_sides: int) -> float:
     if k == sweep_steps:
         w = 0.5 * w
     return w
-
-
-@wp.func
-def penetration_cost(sd: float, radius: float, eta: float):
-    """cost_i of docs/design.md "Cost definition" for signed distance sd and d cost_i / d (-sd)."""
-    d = radius + eta - sd
-    cost = float(0.0)
-    dcost = float(0.0)
-    if d > 0.0:
-        dcost = 1.0
-        if d <= eta:
-            cost = d * d / (2.0 * eta)
-            dcost = d / eta
-        else:
-            cost = d - 0.5 * eta
-    return cost, dcost
 
 
 @wp.func
@@ -322,7 +307,7 @@ def swept_sample(mesh: wp.uint64, cull_radius: float, sign_method: int, p: wp.ve
     chain.last_inside = False
     if found_k != 0:
         dck = float(0.0)
-        ck, dck = penetration_cost(sd_k, radius, eta)
+        ck, dck, _ = penetration_cost(sd_k, radius, eta)
         gk = grad_k * (-dck)
         clearance_k = sd_k - reach_b
         chain.last_abs = wp.abs(sd_k)
@@ -395,7 +380,7 @@ def swept_slot_cost(
     chain_inside = bool(False)
     if found != 0:
         dc = float(0.0)
-        c0, dc = penetration_cost(sd, radius, eta)
+        c0, dc, _ = penetration_cost(sd, radius, eta)
         g0 = grad_sd * (-dc)
         clearance = sd - reach_b
         chain_abs = wp.abs(sd)
@@ -775,7 +760,7 @@ def open_swept_slot_cost(
         last_abs = -1.0
         if found != 0:
             dc = float(0.0)
-            c, dc = penetration_cost(sd, radius, eta)
+            c, dc, _ = penetration_cost(sd, radius, eta)
             g = grad_sd * (-dc)
             last_abs = wp.abs(sd)
         last_s = sk
