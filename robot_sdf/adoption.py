@@ -24,8 +24,7 @@ classified behind the caller's back. Adopted, each mesh's patches are oriented c
 
 The twins live as long as the returned AdoptedMeshes does. A mesh rebuilt or refitted elsewhere
 is adopted again by calling adopt_meshes again (the twins hold copies of the content read). On
-CUDA a twin whose last reference goes is freed only at the next adopt_meshes call, after a device
-synchronisation (release_retired): a kernel queued before may still read it.
+CUDA a twin whose last reference goes is freed once the kernels queued before have run (retire).
 """
 from __future__ import annotations
 
@@ -42,7 +41,8 @@ from robot_sdf.mesh_classification import classify
 from robot_sdf.mesh_orientation import orient_components
 from robot_sdf.mesh_topology import weld
 from robot_sdf.types import SignMethod
-from robot_sdf.launch import warp_device
+from robot_sdf.launch import queued_work_events, warp_device
+from robot_sdf.snapshot_lifetime import graveyard
 
 # Sign methods under which a closed shell is evaluated through its twin (pseudo-normal sign).
 SHELL_TWIN_METHODS = (SignMethod.AUTO, SignMethod.NORMAL)
@@ -136,11 +136,9 @@ class Twin:
         return int(np.uint64(self.mesh.id).astype(np.int64))
 
     def __del__(self) -> None:
-        # On CUDA a kernel queued before the last reference went (on any stream) may still read
-        # the twin: its mesh and arrays wait in _retired for a device synchronisation.
         try:
             if self.mesh is not None and _defer_free(self.mesh.device):
-                _retired.append((self.mesh.device, self.mesh, self._arrays))  # atomic under the GIL
+                retire(self.mesh.device, self.mesh, self._arrays)
         except (AttributeError, TypeError):  # interpreter shutdown
             pass
 
@@ -153,6 +151,19 @@ DEFER_FREE_ON_CPU = False
 
 def _defer_free(device) -> bool:
     return DEFER_FREE_ON_CPU or not device.is_cpu
+
+
+def retire(device, mesh, arrays) -> None:
+    """A twin dropped on CUDA: a kernel queued before (on any stream) may still read it. It is
+    freed once events on the streams robot_sdf launches on have passed (launch.queued_work_events;
+    snapshot_lifetime's graveyard, checked on later launches and world changes: no host wait),
+    or, where no such events can be recorded (a stream capturing a graph), at the next
+    release_retired after a device synchronisation."""
+    events = None if device.is_cpu else queued_work_events(torch.device(str(device)))
+    if events is None:
+        _retired.append((device, mesh, arrays))  # atomic under the GIL
+    else:
+        graveyard.add(events, (mesh,), arrays)
 
 
 def release_retired() -> int:

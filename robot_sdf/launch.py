@@ -111,13 +111,55 @@ def torch_stream(device: torch.device) -> wp.Stream:
         stream = wp.stream_from_torch(ts)
         _streams[key] = stream
         while len(_streams) > STREAM_CACHE_SIZE:
-            _, evicted = _streams.popitem(last=False)
+            (index, handle), evicted = _streams.popitem(last=False)
+            # What robot_sdf queued there may still run: queued_work_events covers it until done.
+            event = _event_on(torch.cuda.ExternalStream(handle, device=torch.device("cuda", index)))
+            if event is not None:
+                _evicted_events.append((index, event))
             # A Warp wrapper of an external stream unregisters the stream inside Warp when it is
             # collected, for every wrapper of it (a caller's own wp.stream_from_torch included:
             # its graph captures would then fail as "unknown stream"). The evicted one lets go
             # without unregistering; Warp keeps one event per stream ever seen here.
             evicted.cuda_stream = None
         return stream
+
+
+# (device index, event) recorded on streams evicted from _streams, until they have completed.
+_evicted_events: list = []
+
+
+def _event_on(stream):
+    """An event recorded now on ``stream`` (a torch stream), or None while it captures a graph
+    (an event recorded there would become part of the graph)."""
+    with torch.cuda.stream(stream):
+        if torch.cuda.is_current_stream_capturing():
+            return None
+    event = torch.cuda.Event()
+    event.record(stream)
+    return event
+
+
+def queued_work_events(device: torch.device) -> tuple | None:
+    """Events that complete once every kernel robot_sdf has queued on ``device`` so far has run:
+    one recorded now on each stream robot_sdf launches on there (the cached ones and torch's
+    current one), and those recorded when a stream left the cache, while pending. None when one
+    of those streams is capturing a CUDA graph, or the cache is being changed under this call
+    (a collection during an update): the caller then falls back to a device synchronisation."""
+    index = device.index or 0
+    try:
+        handles = {handle for (i, handle) in tuple(_streams) if i == index}
+        pending = [event for i, event in tuple(_evicted_events) if i == index and not event.query()]
+        _evicted_events[:] = [(i, e) for i, e in tuple(_evicted_events) if i != index or not e.query()]
+    except RuntimeError:
+        return None
+    handles.add(int(torch.cuda.current_stream(device).cuda_stream))
+    events = []
+    for handle in handles:
+        event = _event_on(torch.cuda.ExternalStream(handle, device=device))
+        if event is None:
+            return None
+        events.append(event)
+    return tuple(events + pending)
 
 
 def warp_torch_stream(wdev, device: torch.device) -> torch.cuda.ExternalStream:

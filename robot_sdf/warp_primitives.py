@@ -44,6 +44,7 @@ import torch
 
 from robot_sdf import _internals, kernels
 from robot_sdf.launch import argument_positions, direct_cpu_call, flat_descriptor, launch_kernel
+from robot_sdf.snapshot_lifetime import graveyard
 from robot_sdf.types import SignMethod, WorldSnapshot
 from robot_sdf.world_args import constant_arguments, env_descriptor, env_tensor, scalar_descriptor
 
@@ -159,7 +160,11 @@ def _launch_reading(snapshot, kernel, total: int, inputs: list, outputs: list, d
     its meshes and tensors alive (and in-place refits waiting) until the kernel has run, also for
     callers that hand a snapshot to the Functions themselves. On the CPU kernels have run when the
     launch returns."""
-    if snapshot is None or device.type != "cuda":
+    if device.type != "cuda":
+        launch_kernel(kernel, total, inputs, outputs, device)
+        return
+    graveyard.purge()  # what dropped snapshots and adopted meshes left, once their kernels ran
+    if snapshot is None:
         launch_kernel(kernel, total, inputs, outputs, device)
         return
     snapshot.before_use()

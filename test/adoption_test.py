@@ -14,7 +14,7 @@ import warp as wp
 import mesh_corpus
 import reference as ref
 from conftest import build_warp_env, supports_winding, warp_mesh
-from robot_sdf import adopt_meshes, adoption
+from robot_sdf import adopt_meshes, adoption, snapshot_lifetime
 from robot_sdf.types import SignMethod
 from robot_sdf import launch
 from robot_sdf.launch import warp_device
@@ -490,8 +490,12 @@ def test_twins_live_as_long_as_the_adopted_meshes(device):
     world_args._descriptor_cache.clear()
     launch._launches.by_kernel.clear()  # this thread's recorded launches hold their last arguments
     gc.collect()
-    # On CUDA dropped twins wait in adoption's retired list until a device synchronisation.
+    # On CUDA dropped twins wait until the kernels queued before have run (adoption.retire).
+    if device != "cpu":
+        torch.cuda.synchronize()
+        snapshot_lifetime.graveyard.purge()
     adoption.release_retired()
+    gc.collect()
     assert all(s() is None for s in shells)
 
 
