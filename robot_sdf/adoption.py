@@ -138,7 +138,10 @@ class Twin:
     def __del__(self) -> None:
         try:
             if self.mesh is not None and _defer_free(self.mesh.device):
-                retire(self.mesh.device, self.mesh, self._arrays)
+                try:
+                    retire(self.mesh.device, self.mesh, self._arrays)
+                except RuntimeError:  # no event could be recorded: the synchronised release
+                    _retired.append((self.mesh.device, self.mesh, self._arrays))
         except (AttributeError, TypeError):  # interpreter shutdown
             pass
 
