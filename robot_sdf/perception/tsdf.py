@@ -1,0 +1,194 @@
+"""A truncated signed distance field over a workspace box, fused from depth frames (Warp kernels,
+CPU or CUDA), and its zero surface as a triangle mesh (Warp's marching cubes).
+
+Grid: nodes at ``lower + voxel_size * (i, j, k)``, i < nx, ..., covering the box; per node the
+fused value (distance to the surface seen along the camera's axis, in units of the truncation
+distance, clamped to [-1, 1]; +1 where nothing was seen) and its weight (frames fused, capped).
+Units: metres; poses (x, y, z, qw, qx, qy, qz) of the camera's optical frame (z forward, x right,
+y down, as ROS's *_optical_frame) in the world; intrinsics fx, fy, cx, cy in pixels, pixel centres
+at integer coordinates (sensor_msgs/CameraInfo's K).
+
+Free space is carved as in a TSDF: every frame that sees through a node in front of a surface
+pulls its value towards +1 with the weight of one frame against at most ``max_weight`` frames
+of history, so an obstacle that leaves is gone after about max_weight / 2 frames that see the
+space it held. Behind a surface the band [-truncation, 0] is fused as inside; beyond it nothing is
+known, which the mesh takes as free (``unobserved`` "free") or as occupied ("occupied": the seen
+free space is then the only free space).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import warp as wp
+
+from robot_sdf import geometry
+from robot_sdf.kernels.warp_release import WARP_MINOR
+
+wp.set_module_options({"enable_backward": False})
+
+# The marching-cubes class of this Warp (Warp 1.19 moved it to warp.geometry).
+if WARP_MINOR >= (1, 19):
+    from warp.geometry import IsoSurfaceMarchingCubes as _MarchingCubes
+else:
+    _MarchingCubes = wp.MarchingCubes
+
+
+@wp.kernel
+def integrate_depth_kernel(
+    values: wp.array3d(dtype=float),
+    weights: wp.array3d(dtype=float),
+    lower: wp.vec3,
+    voxel_size: float,
+    depth: wp.array2d(dtype=float),
+    fx: float,
+    fy: float,
+    cx: float,
+    cy: float,
+    world_to_camera: wp.transform,
+    truncation: float,
+    max_weight: float,
+    min_depth: float,
+    max_depth: float,
+):
+    """Fuse one depth image (metres; 0, NaN or out of [min_depth, max_depth]: no return) into the
+    nodes it sees."""
+    i, j, k = wp.tid()
+    p = lower + wp.vec3(float(i), float(j), float(k)) * voxel_size
+    c = wp.transform_point(world_to_camera, p)
+    if c[2] <= min_depth:
+        return
+    u = int(wp.round(fx * c[0] / c[2] + cx))
+    v = int(wp.round(fy * c[1] / c[2] + cy))
+    if u < 0 or v < 0 or u >= depth.shape[1] or v >= depth.shape[0]:
+        return
+    d = depth[v, u]
+    if not (d >= min_depth and d <= max_depth):  # also NaN
+        return
+    sdf = d - c[2]
+    if sdf < -truncation:
+        return  # behind the band the sensor could see
+    value = wp.min(sdf / truncation, 1.0)
+    w = weights[i, j, k]
+    values[i, j, k] = (values[i, j, k] * w + value) / (w + 1.0)
+    weights[i, j, k] = wp.min(w + 1.0, max_weight)
+
+
+@wp.kernel
+def surface_field_kernel(values: wp.array3d(dtype=float), weights: wp.array3d(dtype=float), unobserved: float,
+                         field: wp.array3d(dtype=float)):
+    """The field marching cubes meshes: fused values where seen, ``unobserved`` elsewhere, and
+    ``unobserved`` on the box's faces, so that the surface closes inside the box."""
+    i, j, k = wp.tid()
+    on_face = i == 0 or j == 0 or k == 0 or i == values.shape[0] - 1 or j == values.shape[1] - 1 \
+        or k == values.shape[2] - 1
+    if weights[i, j, k] > 0.0 and not on_face:
+        field[i, j, k] = values[i, j, k]
+    else:
+        field[i, j, k] = unobserved
+
+
+class TsdfVolume:
+    """The fused field of a workspace box (module docstring).
+
+    lower, upper (3,): the box's corners in the world (m); voxel_size (m); truncation (m, default
+    4 voxels); max_weight: frames of history a node keeps (the carving rate); unobserved: "free"
+    or "occupied"; device: torch/Warp device string.
+    """
+
+    def __init__(self, lower, upper, voxel_size: float = 0.02, truncation: float | None = None,
+                 max_weight: float = 20.0, unobserved: str = "free", device: str = "cpu",
+                 min_depth: float = 0.1, max_depth: float = 10.0) -> None:
+        lower, upper = np.asarray(lower, np.float64), np.asarray(upper, np.float64)
+        if lower.shape != (3,) or upper.shape != (3,) or not np.all(np.isfinite(lower)) or not np.all(upper > lower):
+            raise ValueError(f"workspace box must be two finite corners lower < upper, got {lower}, {upper}")
+        if not voxel_size > 0:
+            raise ValueError(f"voxel_size must be > 0, got {voxel_size}")
+        if unobserved not in ("free", "occupied"):
+            raise ValueError(f"unobserved must be 'free' or 'occupied', got {unobserved!r}")
+        self.voxel_size = float(voxel_size)
+        self.truncation = float(truncation if truncation is not None else 4.0 * voxel_size)
+        self.max_weight = float(max_weight)
+        self.unobserved = unobserved
+        self.min_depth, self.max_depth = float(min_depth), float(max_depth)
+        self.shape = tuple(int(n) for n in np.ceil((upper - lower) / self.voxel_size).astype(int) + 1)
+        cells = int(np.prod(self.shape))
+        if cells > 400_000_000:
+            raise ValueError(f"workspace box of {self.shape} nodes at {voxel_size} m is too large")
+        self.lower = lower.astype(np.float32)
+        self.upper = (lower + self.voxel_size * (np.array(self.shape) - 1)).astype(np.float32)
+        self.device = device
+        self.values = wp.full(self.shape, 1.0, dtype=float, device=device)
+        self.weights = wp.zeros(self.shape, dtype=float, device=device)
+        self._field = wp.empty(self.shape, dtype=float, device=device)
+        self._mc = _MarchingCubes(*self.shape, domain_bounds_lower_corner=tuple(map(float, self.lower)),
+                                  domain_bounds_upper_corner=tuple(map(float, self.upper)))
+        self.frames = 0
+
+    def integrate(self, depth, intrinsics, pose) -> None:
+        """Fuse one depth image: ``depth`` (H, W) metres (numpy, torch or a Warp array; 0 or NaN:
+        no return), ``intrinsics`` (fx, fy, cx, cy), ``pose`` (7,) of the camera's optical frame
+        in the world. Bad input raises ValueError and changes nothing."""
+        fx, fy, cx, cy = (float(x) for x in intrinsics)
+        if not all(np.isfinite([fx, fy, cx, cy])) or fx <= 0 or fy <= 0:
+            raise ValueError(f"intrinsics must be finite with fx, fy > 0, got {intrinsics}")
+        pose = geometry.validate_pose(pose)
+        image = self._depth_array(depth)
+        inverse = geometry.pose_inverse(pose)  # world -> camera: x y z qw qx qy qz
+        transform = wp.transform(wp.vec3(*map(float, inverse[:3])),
+                                 wp.quat(float(inverse[4]), float(inverse[5]), float(inverse[6]), float(inverse[3])))
+        wp.launch(integrate_depth_kernel, dim=self.shape,
+                  inputs=[self.values, self.weights, wp.vec3(*map(float, self.lower)), self.voxel_size, image,
+                          fx, fy, cx, cy, transform, self.truncation, self.max_weight, self.min_depth,
+                          self.max_depth], device=self.device)
+        self.frames += 1
+
+    def filled_field(self) -> np.ndarray:
+        """The field marching cubes meshes with ``unobserved`` "free" (surface's docstring), on
+        the host: seen values; +1 on the box's faces and in never-seen space connected to seen
+        free space or to the faces (6-connected, scipy.ndimage.label); -1 in never-seen space
+        enclosed by seen inside."""
+        from scipy import ndimage
+
+        values, weights = self.values.numpy(), self.weights.numpy()
+        seen = weights > 0.0
+        passable = ~seen | (values > 0.0)
+        labels, _ = ndimage.label(passable)
+        free_labels = np.unique(labels[seen & (values > 0.0)])
+        faces = np.concatenate([labels[0].ravel(), labels[-1].ravel(), labels[:, 0].ravel(), labels[:, -1].ravel(),
+                                labels[:, :, 0].ravel(), labels[:, :, -1].ravel()])
+        free = np.isin(labels, np.union1d(free_labels, faces)) & (labels > 0)
+        field = np.where(seen, values, np.where(free, 1.0, -1.0)).astype(np.float32)
+        field[0], field[-1], field[:, 0], field[:, -1], field[:, :, 0], field[:, :, -1] = (1.0,) * 6
+        return field
+
+    def _depth_array(self, depth) -> wp.array:
+        if isinstance(depth, wp.array):
+            if depth.ndim != 2 or depth.dtype != wp.float32:
+                raise ValueError(f"depth must be a 2-D float32 image, got {depth.ndim}-D {depth.dtype}")
+            return depth
+        if isinstance(depth, torch.Tensor):
+            depth = depth.detach().to(torch.float32).contiguous()
+            if depth.dim() != 2:
+                raise ValueError(f"depth must be a 2-D image, got shape {tuple(depth.shape)}")
+            return wp.from_torch(depth.to(self.device), dtype=float)
+        depth = np.asarray(depth, dtype=np.float32)
+        if depth.ndim != 2 or depth.size == 0:
+            raise ValueError(f"depth must be a non-empty 2-D image, got shape {depth.shape}")
+        return wp.array(np.ascontiguousarray(depth), dtype=float, device=self.device)
+
+    def surface(self) -> tuple[np.ndarray, np.ndarray]:
+        """The fused field's zero surface: vertices (V, 3) float32 world frame and triangles (T, 3)
+        int32, counter-clockwise seen from the free side. Empty arrays when nothing was seen.
+
+        With ``unobserved`` "free", space never seen is free only where it connects to space
+        seen free or to the box's faces: the core of an object that the views surround, beyond the
+        band seen behind each of its faces, is enclosed by seen inside and counts as inside."""
+        if self.unobserved == "occupied":
+            wp.launch(surface_field_kernel, dim=self.shape, inputs=[self.values, self.weights, -1.0, self._field],
+                      device=self.device)
+        else:
+            self._field.assign(self.filled_field())
+        self._mc.surface(self._field, 0.0)
+        if self._mc.verts is None or self._mc.indices is None or self._mc.indices.shape[0] == 0:
+            return np.zeros((0, 3), np.float32), np.zeros((0, 3), np.int32)
+        return self._mc.verts.numpy().astype(np.float32), self._mc.indices.numpy().reshape(-1, 3).astype(np.int32)
