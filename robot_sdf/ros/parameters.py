@@ -191,6 +191,23 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               float_range=(0.0, 60.0), dynamic=True),
     ParamSpec("tf_use_latest", False, "Transform incoming poses with the latest transform instead "
               "of the one at the message stamp (a zero stamp always means latest).", dynamic=True),
+    ParamSpec("num_cameras", 0, "Depth cameras fused into the world (nvblox's name): camera i's "
+              "camera_<i>/depth/image (32FC1 m or 16UC1 mm) and camera_<i>/depth/camera_info, relative "
+              "to the node's namespace; 0 = no depth input. Their surface is the mesh 'perceived' of "
+              "environment 0 (docs/perception.md).", "0..16", _at_least(0), int_range=(0, 16)),
+    ParamSpec("voxel_size", 0.02, "Voxel size of the fused depth field [m] (nvblox's name).", "> 0", _positive,
+              float_range=(0.001, 1.0)),
+    ParamSpec("perception_workspace_lower", [-1.0, -1.0, -0.2], "Lower corner of the box in world_frame "
+              "where depth is fused [m].", "3 finite numbers, below the upper corner", None),
+    ParamSpec("perception_workspace_upper", [1.0, 1.0, 1.5], "Upper corner of the box in world_frame "
+              "where depth is fused [m].", "3 finite numbers, above the lower corner", None),
+    ParamSpec("perception_max_weight", 20.0, "Frames of history a voxel keeps: an obstacle that leaves is "
+              "carved after about 0.35 x this many frames that see where it was.", ">= 1",
+              lambda v: None if math.isfinite(v) and v >= 1 else "must be a finite number >= 1",
+              float_range=(1.0, 1e6)),
+    ParamSpec("perception_unobserved", "free", "Space no camera has seen: free (where it connects to "
+              "space seen free; enclosed by seen inside it is inside) or occupied.", "free|occupied",
+              _one_of(("free", "occupied"))),
 )
 
 PARAMETER_NAMES: tuple[str, ...] = tuple(p.name for p in PARAMETERS)
@@ -237,6 +254,12 @@ class ServerConfig:
     static_transforms: str
     tf_timeout: float
     tf_use_latest: bool
+    num_cameras: int
+    voxel_size: float
+    perception_workspace_lower: tuple[float, float, float]
+    perception_workspace_upper: tuple[float, float, float]
+    perception_max_weight: float
+    perception_unobserved: str
 
     def slice_shape(self) -> tuple[int, int]:
         """Grid points of the distance slice along its two in-plane axes."""
@@ -292,6 +315,14 @@ def _value_errors(values: dict[str, Any]) -> list[str]:
             why = spec.check(values[spec.name])
             if why:
                 errors.append(f"parameter '{spec.name}' = {values[spec.name]!r} {why}")
+    for corner in ("perception_workspace_lower", "perception_workspace_upper"):
+        v = values.get(corner)
+        if v is not None and (len(v) != 3 or not all(math.isfinite(x) for x in v)):
+            errors.append(f"parameter '{corner}' = {v!r} must be a list of 3 finite numbers")
+    if not errors and {"perception_workspace_lower", "perception_workspace_upper"} <= values.keys() and not all(
+            lo < hi for lo, hi in zip(values["perception_workspace_lower"], values["perception_workspace_upper"])):
+        errors.append(f"parameter 'perception_workspace_lower' = {values['perception_workspace_lower']!r} must lie "
+                      f"below perception_workspace_upper = {values['perception_workspace_upper']!r} on every axis")
     if not errors and {"slice_env", "num_envs"} <= values.keys() \
             and values["slice_env"] >= values["num_envs"]:
         errors.append(f"parameter 'slice_env' = {values['slice_env']} must be < num_envs "
@@ -310,6 +341,8 @@ def validate_values(values: dict[str, Any]) -> ServerConfig:
     kw = dict(values)
     kw["slice_center"] = tuple(float(x) for x in values["slice_center"])
     kw["slice_size"] = tuple(float(x) for x in values["slice_size"])
+    kw["perception_workspace_lower"] = tuple(float(x) for x in values["perception_workspace_lower"])
+    kw["perception_workspace_upper"] = tuple(float(x) for x in values["perception_workspace_upper"])
     config = ServerConfig(**kw)
     n_slice = math.prod(config.slice_shape())
     if config.slice_rate_hz > 0 and n_slice > config.max_points_per_request:

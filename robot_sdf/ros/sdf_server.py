@@ -4,7 +4,9 @@ Topics and services (relative to the node, ``~/`` = ``/sdf_server/``):
 
 - subscribes ``~/mesh_obstacles`` (robot_sdf_interfaces/MeshObstacle), ``~/obstacle_poses``
   (ObstaclePose) and one geometry_msgs/PoseStamped topic per scene obstacle with ``pose_topic``:
-  robot_sdf.ros.world_updates (its QoS, the input policy, held updates, stamps);
+  robot_sdf.ros.world_updates (its QoS, the input policy, held updates, stamps); with
+  num_cameras > 0 the depth cameras' ``camera_<i>/depth/image`` and ``camera_<i>/depth/camera_info``
+  (robot_sdf.ros.camera_inputs);
 - serves ``~/evaluate_sphere_cost``, ``~/evaluate_swept_sphere_cost``, ``~/query_signed_distance``;
 - publishes ``~/markers`` (MarkerArray; reliable, transient_local, depth MARKER_HISTORY: a viewer
   started later receives the latest full scene and the changes after it; not built while nobody
@@ -59,6 +61,7 @@ from robot_sdf import MeshWorld
 from robot_sdf.memory import TrimScheduler
 from robot_sdf.requests import CostResult, RequestError, RequestSettings, RequestTranslator  # noqa: F401
 from robot_sdf.ros import conversions as conv
+from robot_sdf.ros.camera_inputs import CameraInputs
 from robot_sdf.ros.frames import (JUMP_BACK_NS, FrameResolver, Tf2Buffer, TopicTransformBuffer, TransformCache,
                                   parse_static_transforms, tf2_available)
 from robot_sdf.ros.health import HealthMonitor, RequestStats, diagnostic_status
@@ -135,6 +138,7 @@ class SdfServer(Node):
         self._server_timers: dict[str, Any] = {}
         self._server_services: list = []
         self._world_updates: WorldUpdates | None = None
+        self._cameras: CameraInputs | None = None
         self._saver = None
         self._trim = None
         self.add_on_set_parameters_callback(self._on_set_parameters)
@@ -187,6 +191,9 @@ class SdfServer(Node):
         self._jump_handle = self.get_clock().create_jump_callback(threshold,
                                                                   post_callback=self._world_updates.on_time_jump)
         self._world_updates.start(self, self._pose_topics)
+        if self.config.num_cameras > 0:
+            self._cameras = CameraInputs(self, self.world, self.config, self._frames, self._world_updates.reject,
+                                         on_applied=lambda: None)
         self._create_outputs_and_services()
         self._active = True
 
@@ -202,6 +209,9 @@ class SdfServer(Node):
         for pub in (self._markers_pub, self._slice_pub, self._diag_pub):
             self.destroy_publisher(pub)
         self._world_updates.stop()
+        if self._cameras is not None:
+            self._cameras.close(self)
+            self._cameras = None
         self._close_transforms()
         self.get_logger().info("inactive: services, topics and tf closed; the world is kept")
 

@@ -251,6 +251,11 @@ class WorldUpdates:
 
     # ------------------------------------------------------------------ outcome of one update
 
+    def reject(self, what: str, why: str) -> None:
+        """Count, log (folded as _reject folds) and report a rejected input of another source
+        (the node's depth cameras)."""
+        self._reject(what, why)
+
     def _reject(self, what: str, why: str, internal: bool = False) -> None:
         """Count and log a rejected input; the same rejection repeated within a second (a pose
         stream for a removed obstacle, say) is logged once, with the number left out. ``internal``:

@@ -1,0 +1,104 @@
+"""Depth cameras into the node's world, with nvblox's topic names: per camera i (num_cameras),
+``camera_<i>/depth/image`` (sensor_msgs/Image, 32FC1 metres or 16UC1 millimetres; 0 and NaN are
+no return) and ``camera_<i>/depth/camera_info`` (sensor_msgs/CameraInfo), relative to the node's
+namespace so that a launch file remaps them as it remaps nvblox's. The camera's pose is that of
+header.frame_id in world_frame at the image's stamp (the node's FrameResolver: tf2 or the
+built-in buffer, sim time, bag loops). Each frame is fused into robot_sdf.perception.DepthFusion,
+whose surface is the world mesh ``perceived`` of environment 0.
+
+A frame that cannot be used (no camera_info yet, another size than its camera_info, an encoding
+other than 32FC1/16UC1, a short data buffer, a frame without a transform at its stamp) is
+skipped whole: a diagnostics entry and a log line, the world as it was.
+"""
+from __future__ import annotations
+
+import numpy as np
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.qos import qos_profile_sensor_data
+from sensor_msgs.msg import CameraInfo, Image
+
+from robot_sdf.perception import DepthFusion
+from robot_sdf.ros.frames import FrameError, TransformPending
+
+IDENTITY_POSE = np.array([0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+PERCEIVED_MESH = "perceived"
+# encoding -> (numpy dtype, metres per unit)
+DEPTH_ENCODINGS = {"32FC1": (np.float32, 1.0), "16UC1": (np.uint16, 1.0e-3)}
+
+
+def depth_image(msg: Image) -> np.ndarray:
+    """(H, W) float32 metres of a depth Image; ValueError naming what is wrong."""
+    if msg.encoding not in DEPTH_ENCODINGS:
+        raise ValueError(f"encoding '{msg.encoding}' is not a depth encoding (32FC1 metres or 16UC1 millimetres)")
+    dtype, scale = DEPTH_ENCODINGS[msg.encoding]
+    item = np.dtype(dtype).itemsize
+    height, width, step = int(msg.height), int(msg.width), int(msg.step)
+    if height == 0 or width == 0 or step < width * item or len(msg.data) < step * height:
+        raise ValueError(f"image of {width}x{height}, step {step}, holds {len(msg.data)} bytes: too few")
+    raw = np.frombuffer(msg.data, dtype=np.uint8, count=step * height).reshape(height, step)
+    values = raw[:, :width * item].copy().view(np.dtype(dtype).newbyteorder(">" if msg.is_bigendian else "<"))
+    return values.astype(np.float32) * np.float32(scale)
+
+
+def intrinsics(msg: CameraInfo) -> tuple[float, float, float, float]:
+    """(fx, fy, cx, cy) of a CameraInfo's K; ValueError when they are not usable."""
+    k = np.asarray(msg.k, dtype=np.float64)
+    fx, fy, cx, cy = float(k[0]), float(k[4]), float(k[2]), float(k[5])
+    if not np.isfinite([fx, fy, cx, cy]).all() or fx <= 0 or fy <= 0 or msg.width == 0 or msg.height == 0:
+        raise ValueError(f"camera_info K gives fx={fx}, fy={fy}, cx={cx}, cy={cy} for {msg.width}x{msg.height}")
+    return fx, fy, cx, cy
+
+
+class CameraInputs:
+    """The subscriptions of num_cameras depth cameras on ``node`` and their fusion (module docstring)."""
+
+    def __init__(self, node, world, config, frames, reject, on_applied) -> None:
+        self._frames = frames
+        self._reject = reject  # (what, why): the node's rejection path (log + diagnostics)
+        self._on_applied = on_applied
+        self.fusion = DepthFusion(world, config.perception_workspace_lower, config.perception_workspace_upper,
+                                  name=PERCEIVED_MESH, voxel_size=config.voxel_size,
+                                  max_weight=config.perception_max_weight, unobserved=config.perception_unobserved)
+        self._info: list[tuple | None] = [None] * config.num_cameras
+        self.frames_fused = 0
+        group = MutuallyExclusiveCallbackGroup()  # one frame at a time into the field
+        self._subscriptions = []
+        for i in range(config.num_cameras):
+            self._subscriptions.append(node.create_subscription(
+                CameraInfo, f"camera_{i}/depth/camera_info", lambda msg, i=i: self.on_camera_info(i, msg),
+                qos_profile_sensor_data, callback_group=group))
+            self._subscriptions.append(node.create_subscription(
+                Image, f"camera_{i}/depth/image", lambda msg, i=i: self.on_depth(i, msg),
+                qos_profile_sensor_data, callback_group=group))
+
+    def close(self, node) -> None:
+        for sub in self._subscriptions:
+            node.destroy_subscription(sub)
+        self._subscriptions = []
+
+    def on_camera_info(self, i: int, msg: CameraInfo) -> None:
+        try:
+            self._info[i] = (intrinsics(msg), int(msg.width), int(msg.height))
+        except (ValueError, IndexError) as exc:
+            self._reject(f"camera_{i}/depth/camera_info", str(exc))
+
+    def on_depth(self, i: int, msg: Image) -> None:
+        what = f"camera_{i}/depth/image"
+        info = self._info[i]
+        if info is None:
+            self._reject(what, "no camera_info received yet for this camera")
+            return
+        k, width, height = info
+        if (int(msg.width), int(msg.height)) != (width, height):
+            self._reject(what, f"image is {msg.width}x{msg.height}, its camera_info {width}x{height}")
+            return
+        try:
+            depth = depth_image(msg)
+            stamp_ns = int(msg.header.stamp.sec) * 1_000_000_000 + int(msg.header.stamp.nanosec)
+            pose = self._frames.pose_in_world(msg.header.frame_id, stamp_ns, IDENTITY_POSE)
+        except (ValueError, FrameError, TransformPending) as exc:
+            self._reject(what, str(exc))
+            return
+        self.fusion.add_depth(depth, k, pose)
+        self.frames_fused += 1
+        self._on_applied()

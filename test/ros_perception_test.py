@@ -1,0 +1,143 @@
+"""Depth cameras into a real sdf_server process over real rclpy: sensor_msgs/Image (32FC1 and
+16UC1) and CameraInfo of a simulated camera (robot_sdf.perception.simulated_camera) that sees a
+box, the camera's frame given by static_transforms; the service's signed distances against the
+exact box distances, the two encodings against each other, and bad frames skipped with the world
+as it was."""
+from __future__ import annotations
+
+import array
+
+import numpy as np
+import pytest
+from rclpy.qos import qos_profile_sensor_data
+from sensor_msgs.msg import CameraInfo, Image
+
+import reference as ref
+import ros_helpers as rh
+from robot_sdf.perception.simulated_camera import SimulatedDepthCamera, look_at
+from robot_sdf_interfaces.srv import QuerySignedDistance
+
+DOMAIN = rh.domain_id(61)
+BOX_V, BOX_T = ref.box((0.3, 0.3, 0.3))
+CAMERA_POSE = look_at([0.7, 0.25, 0.7], [0.0, 0.0, 0.0])  # the top and +x faces at about 45 degrees
+WIDTH, HEIGHT = 160, 120
+
+
+def _camera_info(camera: SimulatedDepthCamera) -> CameraInfo:
+    fx, fy, cx, cy = camera.intrinsics
+    info = CameraInfo(width=WIDTH, height=HEIGHT)
+    info.header.frame_id = "camera_optical"
+    info.k = [fx, 0.0, cx, 0.0, fy, cy, 0.0, 0.0, 1.0]
+    return info
+
+
+def _image(depth: np.ndarray, encoding: str) -> Image:
+    msg = Image(width=WIDTH, height=HEIGHT, encoding=encoding, is_bigendian=0)
+    msg.header.frame_id = "camera_optical"
+    if encoding == "16UC1":
+        data = np.round(depth * 1000.0).astype("<u2")
+    else:
+        data = depth.astype("<f4")
+    msg.step = WIDTH * data.itemsize
+    msg.data = array.array("B", data.tobytes())
+    return msg
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
+    pose = " ".join(f"{x:.9f}" for x in CAMERA_POSE)
+    params = dict(device="cpu", max_distance=0.5, marker_rate_hz=0.0, slice_rate_hz=0.0, diagnostics_rate_hz=0.0,
+                  num_cameras=1, voxel_size=0.02, perception_workspace_lower=[-0.4, -0.4, -0.4],
+                  perception_workspace_upper=[0.4, 0.4, 0.4], static_transforms=f"world camera_optical {pose}")
+    node = rh.NodeProcess(params, tmp_path_factory.mktemp("perception"), DOMAIN)
+    harness = rh.RosHarness(DOMAIN, "perception_test")
+    try:
+        sd = harness.client(QuerySignedDistance, "/sdf_server/query_signed_distance")
+        rh.wait_for_services(node, [sd])
+        info_pub = harness.publisher(CameraInfo, "/camera_0/depth/camera_info", qos_profile_sensor_data)
+        image_pub = harness.publisher(Image, "/camera_0/depth/image", qos_profile_sensor_data)
+        rh.wait_for_matched(info_pub)
+        rh.wait_for_matched(image_pub)
+        yield node, harness, sd, info_pub, image_pub
+    finally:
+        harness.close()
+        node.stop()
+
+
+def _fuse_until(rig, depth, encoding, predicate, what):
+    """Publish camera_info and the frame until the service's answer satisfies ``predicate``
+    (best-effort topics: a frame may be dropped, so it is sent again while waiting)."""
+    node, harness, sd, info_pub, image_pub = rig
+    camera = SimulatedDepthCamera(WIDTH, HEIGHT, 150.0, 150.0)
+
+    def fused():
+        info_pub.publish(_camera_info(camera))
+        image_pub.publish(_image(depth, encoding))
+        return predicate()
+
+    return rh.wait_until(fused, timeout=60.0, interval=0.2, what=what)
+
+
+def test_depth_frames_become_obstacles_of_the_services(rig):
+    """A 32FC1 frame, then a 16UC1 frame of the same view: points 2 cm behind the seen faces read
+    inside, points in front of them read their distance to the box (exact), and the two
+    encodings give the same answers (1 mm apart at most: the millimetre quantisation)."""
+    node, harness, sd, _, _ = rig
+    camera = SimulatedDepthCamera(WIDTH, HEIGHT, 150.0, 150.0)
+    depth = camera.render(BOX_V, BOX_T, CAMERA_POSE)
+    behind = np.array([[0.13, 0.0, 0.0], [0.0, 0.0, 0.13], [0.1, 0.0, 0.13]])
+    front = np.array([[0.25, 0.0, 0.0], [0.0, 0.0, 0.25], [0.22, 0.05, 0.22]])
+    points = np.concatenate([behind, front])
+    _fuse_until(rig, depth, "32FC1", lambda: harness.signed_distance(sd, points, 0.5)[0][0] < 0.0,
+                "the first frame in the world")
+    first, _ = harness.signed_distance(sd, points, 0.5)
+    assert (first[:3] < 0.0).all()
+    truth = ref.signed_distance(front, BOX_V, BOX_T)[0]
+    np.testing.assert_allclose(first[3:], truth, atol=0.012)
+    node_before = rh.count_in_log(node, "camera_0/depth/image")
+    _fuse_until(rig, depth, "16UC1", lambda: True, "a 16UC1 frame")
+    def converged():
+        d = harness.signed_distance(sd, points, 0.5)[0]
+        return [d] if np.abs(d - first).max() < 2e-3 else None
+
+    again = rh.wait_until(converged, timeout=30.0, what="the 16UC1 frames' answers")[0]
+    assert np.abs(again - first).max() < 2e-3
+    assert rh.count_in_log(node, "camera_0/depth/image") == node_before  # nothing rejected
+
+
+@pytest.mark.parametrize("bad, reason", [
+    ("rgb8", "is not a depth encoding"),
+    ("size", "camera_info"),
+    ("frame", "camera_nowhere"),
+])
+def test_bad_frames_are_skipped_and_reported(rig, bad, reason):
+    """Each bad frame is rejected with its reason in the log (and diagnostics) and the world stays
+    as it was. Frames of one camera are handled in order, so once the first bad frame is reported
+    every frame sent before it has been handled: the world is read then, and again after more
+    bad frames were reported."""
+    node, harness, sd, info_pub, image_pub = rig
+    camera = SimulatedDepthCamera(WIDTH, HEIGHT, 150.0, 150.0)
+    points = np.array([[0.13, 0.0, 0.0], [0.0, 0.0, -0.3], [0.3, 0.3, 0.3]])
+    msg = _image(camera.render(BOX_V * 0.5, BOX_T, CAMERA_POSE), "32FC1")
+    if bad == "rgb8":
+        msg.encoding = "rgb8"
+    elif bad == "size":
+        msg.width, msg.height = WIDTH // 2, HEIGHT
+    else:
+        msg.header.frame_id = "camera_nowhere"
+
+    def reported(count):
+        def check():
+            info_pub.publish(_camera_info(camera))
+            image_pub.publish(msg)
+            return rh.count_in_log(node, reason) >= count
+        return check
+
+    rh.wait_until(reported(1), timeout=60.0, interval=0.2, what=f"the node to report '{reason}'")
+    before, revision = harness.signed_distance(sd, points, 0.5)
+    seen = rh.count_in_log(node, reason)
+    rh.wait_until(reported(seen + 2), timeout=60.0, interval=0.2, what="two more reports")
+    assert node.alive()
+    after, revision_after = harness.signed_distance(sd, points, 0.5)
+    assert revision_after == revision
+    np.testing.assert_array_equal(after, before)
