@@ -3,6 +3,8 @@ sigma = 1 mm + 2 mm z^2, 1 % of pixels dropped) fused into a MeshWorld, judged a
 signed distances to the true meshes (test/reference.py), never against the map itself."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -13,6 +15,7 @@ from robot_sdf.perception import DepthFusion, TsdfVolume
 from robot_sdf.perception.simulated_camera import SimulatedDepthCamera, look_at
 
 LOWER, UPPER = (-0.6, -0.6, -0.5), (0.6, 0.6, 0.7)
+REPO_CONFIG = Path(__file__).resolve().parents[1] / "config"
 
 
 def _scene():
@@ -172,3 +175,52 @@ def test_nan_inf_and_negative_depths_are_no_returns():
     u = np.round(40.0 * p[:, 0] / p[:, 2] + 19.3)
     v = np.round(40.0 * p[:, 1] / p[:, 2] + 19.3)
     assert (v >= 30).all() and (u >= 20).all()
+
+
+def test_the_robot_is_not_its_own_obstacle(tmp_path):
+    """A Franka Panda (rtb-data's collision meshes, posed by robot_sdf.robot.RobotModel) filling
+    about a third of the image, above a table: with the robot's fitted spheres (config/
+    panda_spheres.yaml, padded 4 cm: they leave parts of the collision meshes up to 5.5 cm
+    outside them, 3.2 cm at the 99th percentile of the vertices) excluded from each frame, its
+    own spheres cost nothing while the table is still perceived; without the exclusion they do
+    cost (the premise)."""
+    from robot_sdf.examples.panda import LOCKED_JOINTS, READY, panda_urdf
+    from robot_sdf.robot import RobotModel, link_geometry
+
+    robot = RobotModel(panda_urdf(tmp_path / "panda.urdf"), REPO_CONFIG / "panda_spheres.yaml",
+                       locked_joints=LOCKED_JOINTS, dtype=torch.float64)
+    q = torch.tensor(READY, dtype=torch.float64)
+    names = [n for n in robot.chain.get_link_names() if link_geometry(robot.urdf, robot.urdf_path, n) is not None]
+    frames = robot.link_transforms(q, names).numpy()
+    parts = []
+    for name, m in zip(names, frames):
+        v, t = link_geometry(robot.urdf, robot.urdf_path, name)
+        parts.append((v.astype(np.float64) @ m[:3, :3].T + m[:3, 3], t))
+    table_v, table_t = ref.box((1.2, 1.2, 0.05))
+    parts.append((table_v + [0.2, 0.0, -0.125], table_t))  # 10 cm below the base
+    vertices, triangles = _merged(parts)
+    spheres = robot.spheres(q).numpy()
+    camera = SimulatedDepthCamera(160, 120, 170.0, 170.0)
+    pose = look_at([0.55, 0.2, 0.55], [0.05, 0.0, 0.25])
+    depth = camera.render(vertices, triangles, pose, np.random.default_rng(3))
+    robot_pixels = camera.render(*_merged(parts[:-1]), pose) > 0
+    assert 0.25 < robot_pixels.mean() < 0.5
+    # A point of the table top that the camera sees: where the ray of a table pixel of the row
+    # near the bottom meets the table's top plane (z = -0.1).
+    fx, fy, cx, cy = camera.intrinsics
+    row = camera.height - 6
+    column = int(np.flatnonzero((depth[row] > 0) & ~robot_pixels[row])[0])
+    ray = ref.quat_to_matrix(pose[3:]) @ np.array([(column - cx) / fx, (row - cy) / fy, 1.0])
+    table_point = pose[:3] + ray * ((-0.1 - pose[2]) / ray[2])
+    costs = {}
+    for exclude in (False, True):
+        world = MeshWorld(device="cpu", max_distance=0.5)
+        fusion = DepthFusion(world, (-0.5, -0.7, -0.3), (0.9, 0.7, 1.2), voxel_size=0.02)
+        for _ in range(5):
+            fusion.add_depth(depth, camera.intrinsics, pose, spheres if exclude else None, 0.04)
+        s = torch.tensor(spheres[None, None], dtype=torch.float32)
+        costs[exclude] = world.sphere_cost(s, 0.02, 1.0).numpy().ravel()
+        above = torch.tensor([table_point + [0.0, 0.0, 0.05]], dtype=torch.float32)
+        assert 0.035 < float(world.signed_distance(above, 0, 0.5)[0][0]) < 0.065  # the table is perceived
+    assert (costs[False] > 0).mean() > 0.3
+    assert (costs[True] == 0).all(), costs[True][costs[True] > 0]

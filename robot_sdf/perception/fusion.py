@@ -31,9 +31,10 @@ class DepthFusion:
         self.volume = TsdfVolume(lower, upper, device=str(world.device), **volume)
         self.triangles = 0
 
-    def integrate(self, depth, intrinsics, pose) -> None:
-        """Fuse one frame (TsdfVolume.integrate) without changing the world yet."""
-        self.volume.integrate(depth, intrinsics, pose)
+    def integrate(self, depth, intrinsics, pose, exclude_spheres=None, exclude_padding: float = 0.0) -> None:
+        """Fuse one frame (TsdfVolume.integrate: the robot's spheres may be excluded) without
+        changing the world yet."""
+        self.volume.integrate(depth, intrinsics, pose, exclude_spheres, exclude_padding)
 
     def update_world(self) -> int:
         """Put the fused surface into the world (replacing the last one; removed when empty).
@@ -47,7 +48,7 @@ class DepthFusion:
         return self.world.add_mesh(self.name, vertices, triangles, IDENTITY_POSE, self.env,
                                    sign_method=self.sign_method)
 
-    def add_depth(self, depth, intrinsics, pose) -> int:
+    def add_depth(self, depth, intrinsics, pose, exclude_spheres=None, exclude_padding: float = 0.0) -> int:
         """integrate, then update_world: a frame in, the world answering with it. Returns the revision."""
-        self.integrate(depth, intrinsics, pose)
+        self.integrate(depth, intrinsics, pose, exclude_spheres, exclude_padding)
         return self.update_world()

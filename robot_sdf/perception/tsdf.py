@@ -17,6 +17,8 @@ free space is then the only free space).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import warp as wp
@@ -74,6 +76,34 @@ def integrate_depth_kernel(
 
 
 @wp.kernel
+def mask_spheres_kernel(
+    depth: wp.array2d(dtype=float),
+    fx: float,
+    fy: float,
+    cx: float,
+    cy: float,
+    camera_to_world: wp.transform,
+    spheres: wp.array(dtype=wp.vec4),
+    padding: float,
+    out: wp.array2d(dtype=float),
+):
+    """``depth`` with every pixel whose return lies inside a sphere (x, y, z, r world frame, r + padding)
+    set to 0 (no return): the robot's own body, removed before fusion."""
+    v, u = wp.tid()
+    d = depth[v, u]
+    out[v, u] = d
+    if not (d > 0.0):
+        return
+    p = wp.transform_point(camera_to_world, wp.vec3((float(u) - cx) / fx * d, (float(v) - cy) / fy * d, d))
+    for i in range(spheres.shape[0]):
+        s = spheres[i]
+        reach = s[3] + padding
+        if s[3] >= 0.0 and wp.length_sq(p - wp.vec3(s[0], s[1], s[2])) < reach * reach:
+            out[v, u] = 0.0
+            return
+
+
+@wp.kernel
 def surface_field_kernel(values: wp.array3d(dtype=float), weights: wp.array3d(dtype=float), unobserved: float,
                          field: wp.array3d(dtype=float)):
     """The field marching cubes meshes: fused values where seen, ``unobserved`` elsewhere, and
@@ -85,6 +115,12 @@ def surface_field_kernel(values: wp.array3d(dtype=float), weights: wp.array3d(dt
         field[i, j, k] = values[i, j, k]
     else:
         field[i, j, k] = unobserved
+
+
+def _transform(pose) -> wp.transform:
+    """A pose (7,) x, y, z, qw, qx, qy, qz as Warp's transform."""
+    return wp.transform(wp.vec3(*map(float, pose[:3])), wp.quat(float(pose[4]), float(pose[5]), float(pose[6]),
+                                                                float(pose[3])))
 
 
 class TsdfVolume:
@@ -124,18 +160,20 @@ class TsdfVolume:
                                   domain_bounds_upper_corner=tuple(map(float, self.upper)))
         self.frames = 0
 
-    def integrate(self, depth, intrinsics, pose) -> None:
+    def integrate(self, depth, intrinsics, pose, exclude_spheres=None, exclude_padding: float = 0.0) -> None:
         """Fuse one depth image: ``depth`` (H, W) metres (numpy, torch or a Warp array; 0 or NaN:
         no return), ``intrinsics`` (fx, fy, cx, cy), ``pose`` (7,) of the camera's optical frame
-        in the world. Bad input raises ValueError and changes nothing."""
+        in the world. ``exclude_spheres`` (n, 4) x, y, z, r in the world (radius < 0: off): returns
+        within r + ``exclude_padding`` of a centre are dropped first (the robot's own body, e.g.
+        robot_sdf.robot.RobotModel.spheres). Bad input raises ValueError and changes nothing."""
         fx, fy, cx, cy = (float(x) for x in intrinsics)
         if not all(np.isfinite([fx, fy, cx, cy])) or fx <= 0 or fy <= 0:
             raise ValueError(f"intrinsics must be finite with fx, fy > 0, got {intrinsics}")
         pose = geometry.validate_pose(pose)
         image = self._depth_array(depth)
-        inverse = geometry.pose_inverse(pose)  # world -> camera: x y z qw qx qy qz
-        transform = wp.transform(wp.vec3(*map(float, inverse[:3])),
-                                 wp.quat(float(inverse[4]), float(inverse[5]), float(inverse[6]), float(inverse[3])))
+        if exclude_spheres is not None:
+            image = self._masked(image, (fx, fy, cx, cy), pose, exclude_spheres, float(exclude_padding))
+        transform = _transform(geometry.pose_inverse(pose))  # world -> camera
         wp.launch(integrate_depth_kernel, dim=self.shape,
                   inputs=[self.values, self.weights, wp.vec3(*map(float, self.lower)), self.voxel_size, image,
                           fx, fy, cx, cy, transform, self.truncation, self.max_weight, self.min_depth,
@@ -160,6 +198,18 @@ class TsdfVolume:
         field = np.where(seen, values, np.where(free, 1.0, -1.0)).astype(np.float32)
         field[0], field[-1], field[:, 0], field[:, -1], field[:, :, 0], field[:, :, -1] = (1.0,) * 6
         return field
+
+    def _masked(self, image: wp.array, intrinsics, pose, spheres, padding: float) -> wp.array:
+        spheres = np.asarray(spheres.detach().cpu() if isinstance(spheres, torch.Tensor) else spheres, np.float32)
+        if spheres.ndim != 2 or spheres.shape[1] != 4 or not np.isfinite(spheres).all():
+            raise ValueError(f"exclude_spheres must be finite (n, 4) x, y, z, r, got shape {spheres.shape}")
+        if not (math.isfinite(padding) and padding >= 0.0):
+            raise ValueError(f"exclude_padding must be a finite number >= 0, got {padding}")
+        out = wp.empty_like(image)
+        wp.launch(mask_spheres_kernel, dim=image.shape,
+                  inputs=[image, *intrinsics, _transform(pose), wp.array(spheres, dtype=wp.vec4, device=self.device),
+                          padding, out], device=self.device)
+        return out
 
     def _depth_array(self, depth) -> wp.array:
         if isinstance(depth, wp.array):
