@@ -141,3 +141,68 @@ def test_bad_frames_are_skipped_and_reported(rig, bad, reason):
     after, revision_after = harness.signed_distance(sd, points, 0.5)
     assert revision_after == revision
     np.testing.assert_array_equal(after, before)
+
+
+ARM_URDF = """<?xml version="1.0"?>
+<robot name="post">
+  <link name="base"/>
+  <link name="arm"><collision><origin xyz="0 0 0.15"/><geometry><box size="0.1 0.1 0.3"/></geometry></collision></link>
+  <joint name="j1" type="revolute"><parent link="base"/><child link="arm"/><axis xyz="0 0 1"/>
+    <limit lower="-3" upper="3" velocity="1" effort="1"/></joint>
+</robot>
+"""
+ARM_SPHERES = {"spheres": {"arm": [[0.0, 0.0, z, 0.08] for z in (0.05, 0.15, 0.25)]}}
+ARM_BASE = np.array([0.0, -0.25, -0.15, 1.0, 0.0, 0.0, 0.0])  # the arm stands beside the box
+
+
+def test_the_robot_is_removed_from_the_frames(tmp_path):
+    """A node with robot_spheres_file, given /robot_description and /joint_states: a post-like arm
+    beside the box, both in view, is left out of the world (at its centre the nearest surface is
+    the box's, 10 cm away), the box is fused (a point behind its seen face reads inside)."""
+    import yaml
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import String
+
+    from robot_sdf.perception.simulated_camera import SimulatedDepthCamera
+
+    domain = rh.domain_id(62)
+    (tmp_path / "arm_spheres.yaml").write_text(yaml.safe_dump(ARM_SPHERES))
+    camera_pose = " ".join(f"{x:.9f}" for x in CAMERA_POSE)
+    base_pose = " ".join(f"{x:.9f}" for x in ARM_BASE)
+    params = dict(device="cpu", max_distance=0.5, marker_rate_hz=0.0, slice_rate_hz=0.0, diagnostics_rate_hz=0.0,
+                  num_cameras=1, perception_workspace_lower=[-0.4, -0.45, -0.4],
+                  perception_workspace_upper=[0.4, 0.4, 0.4], robot_spheres_file=str(tmp_path / "arm_spheres.yaml"),
+                  static_transforms=f"world camera_optical {camera_pose}; world base {base_pose}")
+    node = rh.NodeProcess(params, tmp_path, domain)
+    harness = rh.RosHarness(domain, "robot_filter_test")
+    try:
+        sd = harness.client(QuerySignedDistance, "/sdf_server/query_signed_distance")
+        rh.wait_for_services(node, [sd])
+        description = harness.publisher(String, "/robot_description", rh.MESH_QOS)
+        joints = harness.publisher(JointState, "/joint_states", 10)
+        info_pub = harness.publisher(CameraInfo, "/camera_0/depth/camera_info", qos_profile_sensor_data)
+        image_pub = harness.publisher(Image, "/camera_0/depth/image", qos_profile_sensor_data)
+        for pub in (description, joints, info_pub, image_pub):
+            rh.wait_for_matched(pub)
+        description.publish(String(data=ARM_URDF))
+        arm_v, arm_t = ref.box((0.1, 0.1, 0.3))
+        arm_v = arm_v + ARM_BASE[:3] + [0.0, 0.0, 0.15]
+        scene = (np.concatenate([BOX_V, arm_v]), np.concatenate([BOX_T, arm_t + len(BOX_V)]))
+        camera = SimulatedDepthCamera(WIDTH, HEIGHT, 150.0, 150.0)
+        depth = camera.render(*scene, CAMERA_POSE)
+        assert (camera.render(arm_v, arm_t, CAMERA_POSE) > 0).mean() > 0.03  # the arm is in view
+        points = np.array([[0.13, 0.0, 0.0], ARM_BASE[:3] + [0.0, 0.0, 0.15]])
+
+        def fused():
+            joints.publish(JointState(name=["j1"], position=[0.0]))
+            info_pub.publish(_camera_info(camera))
+            image_pub.publish(_image(depth, "32FC1"))
+            return harness.signed_distance(sd, points, 0.5)[0][0] < 0.0
+
+        rh.wait_until(fused, timeout=60.0, interval=0.2, what="the box in the world")
+        distance, _ = harness.signed_distance(sd, points, 0.5)
+        # The arm's centre: 10 cm from the box; with the arm fused it would be 6 mm from its surface.
+        assert distance[0] < 0.0 and distance[1] > 0.05, distance
+    finally:
+        harness.close()
+        node.stop()

@@ -4,7 +4,9 @@ no return) and ``camera_<i>/depth/camera_info`` (sensor_msgs/CameraInfo), relati
 namespace so that a launch file remaps them as it remaps nvblox's. The camera's pose is that of
 header.frame_id in world_frame at the image's stamp (the node's FrameResolver: tf2 or the
 built-in buffer, sim time, bag loops). Each frame is fused into robot_sdf.perception.DepthFusion,
-whose surface is the world mesh ``perceived`` of environment 0.
+whose surface is the world mesh ``perceived`` of environment 0. With ``robot_spheres_file`` the
+robot's own body is removed from each frame first (robot_sdf.ros.robot_body: /robot_description,
+/joint_states, its fitted spheres padded by ``robot_padding``).
 
 A frame that cannot be used (no camera_info yet, another size than its camera_info, an encoding
 other than 32FC1/16UC1, a short data buffer, a frame without a transform at its stamp) is
@@ -19,6 +21,7 @@ from sensor_msgs.msg import CameraInfo, Image
 
 from robot_sdf.perception import DepthFusion
 from robot_sdf.ros.frames import FrameError, TransformPending
+from robot_sdf.ros.robot_body import RobotBody
 
 IDENTITY_POSE = np.array([0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
 PERCEIVED_MESH = "perceived"
@@ -61,6 +64,8 @@ class CameraInputs:
                                   max_weight=config.perception_max_weight, unobserved=config.perception_unobserved)
         self._info: list[tuple | None] = [None] * config.num_cameras
         self.frames_fused = 0
+        self._padding = config.robot_padding
+        self._body = RobotBody(node, frames, config.robot_spheres_file, reject) if config.robot_spheres_file else None
         group = MutuallyExclusiveCallbackGroup()  # one frame at a time into the field
         self._subscriptions = []
         for i in range(config.num_cameras):
@@ -75,6 +80,8 @@ class CameraInputs:
         for sub in self._subscriptions:
             node.destroy_subscription(sub)
         self._subscriptions = []
+        if self._body is not None:
+            self._body.close(node)
 
     def on_camera_info(self, i: int, msg: CameraInfo) -> None:
         try:
@@ -96,9 +103,10 @@ class CameraInputs:
             depth = depth_image(msg)
             stamp_ns = int(msg.header.stamp.sec) * 1_000_000_000 + int(msg.header.stamp.nanosec)
             pose = self._frames.pose_in_world(msg.header.frame_id, stamp_ns, IDENTITY_POSE)
+            body = None if self._body is None else self._body.spheres_at(stamp_ns)
         except (ValueError, FrameError, TransformPending) as exc:
             self._reject(what, str(exc))
             return
-        self.fusion.add_depth(depth, k, pose)
+        self.fusion.add_depth(depth, k, pose, body, self._padding)
         self.frames_fused += 1
         self._on_applied()

@@ -205,6 +205,12 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "carved after about 0.35 x this many frames that see where it was.", ">= 1",
               lambda v: None if math.isfinite(v) and v >= 1 else "must be a finite number >= 1",
               float_range=(1.0, 1e6)),
+    ParamSpec("robot_spheres_file", "", "Fitted spheres of the robot (fit_spheres' YAML) whose body is "
+              "removed from every depth frame, posed from /robot_description, /joint_states and the "
+              "transform of the URDF's root link; empty = no robot removed.", ""),
+    ParamSpec("robot_padding", 0.04, "Depth returns within a robot sphere's radius plus this many metres "
+              "are dropped [m] (fitted spheres leave parts of a link's meshes outside them: 5.5 cm at "
+              "most for the Panda's).", ">= 0", _non_negative, float_range=(0.0, 1.0)),
     ParamSpec("perception_unobserved", "free", "Space no camera has seen: free (where it connects to "
               "space seen free; enclosed by seen inside it is inside) or occupied.", "free|occupied",
               _one_of(("free", "occupied"))),
@@ -259,6 +265,8 @@ class ServerConfig:
     perception_workspace_lower: tuple[float, float, float]
     perception_workspace_upper: tuple[float, float, float]
     perception_max_weight: float
+    robot_spheres_file: str
+    robot_padding: float
     perception_unobserved: str
 
     def slice_shape(self) -> tuple[int, int]:
