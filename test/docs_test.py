@@ -219,3 +219,15 @@ def test_design_names_only_what_exists():
     assert len(names) > 40
     missing = sorted(name for name in names if any(part and part not in words for part in name.split(".")))
     assert not missing, f"docs/design.md names what the code does not have: {missing}"
+
+
+def test_readme_figures_come_from_the_results_page():
+    """Every speed figure README gives ("0.74 x", "1.8-40x") is a number docs/results.md prints: a
+    re-run that replaces the results page shows stale README figures here."""
+    readme = README.read_text()
+    results = (REPO / "docs" / "results.md").read_text()
+    figures = re.findall(r"(\d+\.\d+)(?:-(\d+(?:\.\d+)?))? ?x\b", readme)
+    numbers = {n for pair in figures for n in pair if n and "." in n}
+    assert len(numbers) >= 8, numbers
+    missing = sorted(n for n in numbers if not re.search(rf"(?<![\d.]){re.escape(n)}(?![\d])", results))
+    assert not missing, f"README figures that docs/results.md does not print: {missing}"
