@@ -74,3 +74,17 @@ def test_only_changed_meshes_are_resent_and_a_full_update_resends_all():
 def test_cost_colours_run_green_to_red():
     rgba = cost_colors(np.array([0.0, 1.0, 2.0]))
     np.testing.assert_allclose(rgba[:, :3], [[0, 1, 0], [0.5, 0.5, 0], [1, 0, 0]])
+
+
+def test_a_mesh_with_a_namespace_of_its_own():
+    """The perceived mesh's markers (and its DELETE) carry the namespace given for it; the other
+    meshes keep env_<n>."""
+    world = MeshWorld(device="cpu")
+    bv, bt = ref.box((0.2, 0.2, 0.2))
+    world.add_mesh("perceived", bv, bt)
+    world.add_mesh("box", bv, bt, pose=(1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0))
+    state = MarkerState(world, 1, "world", lambda: (0, None), namespaces={(0, "perceived"): "perceived"})
+    assert {m.text: m.ns for m in state.update()} == {"perceived": "perceived", "box": "env_0"}
+    world.remove_mesh("perceived")
+    deleted = [m for m in state.update() if m.action == Marker.DELETE]
+    assert [m.ns for m in deleted] == ["perceived"]

@@ -4,7 +4,7 @@ MarkerState remembers what ``~/markers`` last showed so an update sends only wha
 a mesh marker when its pose, enable flag or geometry changed, DELETE markers for removed meshes,
 and the spheres of the last cost request; a full update sends every marker (see MarkerState).
 Marker ids are stable per (env, mesh id) for the node's lifetime; the namespace is ``env_<n>``
-and the mesh id is in ``text``.
+(or one of its own, such as the perceived mesh's ``perceived``) and the mesh id is in ``text``.
 """
 from __future__ import annotations
 
@@ -129,8 +129,11 @@ class MarkerState:
     """
 
     def __init__(self, world, num_envs: int, frame_id: str,
-                 last_request: Callable[[], tuple[int, Any]], max_triangles: int = 20000) -> None:
+                 last_request: Callable[[], tuple[int, Any]], max_triangles: int = 20000,
+                 namespaces: dict[tuple[int, str], str] | None = None) -> None:
         self._world, self._num_envs, self._frame = world, num_envs, frame_id
+        # (env, mesh id) -> a namespace of its own (the perceived mesh), instead of env_<n>
+        self._namespaces = dict(namespaces or {})
         self.max_triangles = int(max_triangles)
         self._last_request = last_request
         self._revision = -1
@@ -166,6 +169,9 @@ class MarkerState:
         self._request_seq = seq
         return out
 
+    def _namespace(self, key: tuple[int, str]) -> str:
+        return self._namespaces.get(key, f"env_{key[0]}")
+
     def _meshes(self, everything: bool) -> list[Marker]:
         world, out, now = self._world, [], {}
         for env in range(self._num_envs):
@@ -184,8 +190,8 @@ class MarkerState:
                 now[key] = _Shown(vertices, triangles, points, pose_t, enabled)
                 if everything or not same_geometry or old.pose != pose_t or old.enabled != enabled:
                     marker_id = self._ids.setdefault(key, len(self._ids))
-                    out.append(mesh_marker(f"env_{env}", marker_id, self._frame, points, pose, enabled, name))
+                    out.append(mesh_marker(self._namespace(key), marker_id, self._frame, points, pose, enabled, name))
         for key in self._shown.keys() - now.keys():
-            out.append(delete_marker(f"env_{key[0]}", self._ids[key], self._frame))
+            out.append(delete_marker(self._namespace(key), self._ids[key], self._frame))
         self._shown = now
         return out

@@ -61,7 +61,7 @@ from robot_sdf import MeshWorld
 from robot_sdf.memory import TrimScheduler
 from robot_sdf.requests import CostResult, RequestError, RequestSettings, RequestTranslator  # noqa: F401
 from robot_sdf.ros import conversions as conv
-from robot_sdf.ros.camera_inputs import CameraInputs
+from robot_sdf.ros.camera_inputs import PERCEIVED_MESH, CameraInputs
 from robot_sdf.ros.frames import (JUMP_BACK_NS, FrameResolver, Tf2Buffer, TopicTransformBuffer, TransformCache,
                                   parse_static_transforms, tf2_available)
 from robot_sdf.ros.health import HealthMonitor, RequestStats, diagnostic_status
@@ -178,7 +178,8 @@ class SdfServer(Node):
         self._last_request: tuple[np.ndarray, np.ndarray] | None = None
         self._request_seq = 0
         self._markers = MarkerState(self.world, cfg.num_envs, cfg.world_frame, self.last_request,
-                                    max_triangles=cfg.marker_max_triangles)
+                                    max_triangles=cfg.marker_max_triangles,
+                                    namespaces={(0, PERCEIVED_MESH): PERCEIVED_MESH} if cfg.num_cameras else None)
 
     def activate_server(self) -> None:
         """Open the transform lookup, the update subscriptions, publishers, timers and services."""
@@ -371,7 +372,11 @@ class SdfServer(Node):
 
     def _state_snapshot(self):
         stamps = self._world_updates.applied_stamps()  # before the world: a newer world than stamps is safe
-        return self.world.export_meshes(), stamps, self.world.revision
+        meshes = self.world.export_meshes()
+        if self._cameras is not None:
+            # What the cameras saw is not state: a restarted node sees the world anew.
+            meshes = [m for m in meshes if (m[0], m[1]) != (0, PERCEIVED_MESH)]
+        return meshes, stamps, self.world.revision
 
     def _state_changed(self) -> None:
         if self._saver is not None:
