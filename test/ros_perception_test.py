@@ -10,7 +10,7 @@ import array
 import numpy as np
 import pytest
 from rclpy.qos import qos_profile_sensor_data
-from sensor_msgs.msg import CameraInfo, Image
+from sensor_msgs.msg import CameraInfo, Image, PointCloud2, PointField
 
 import reference as ref
 import ros_helpers as rh
@@ -47,7 +47,7 @@ def _image(depth: np.ndarray, encoding: str) -> Image:
 def rig(tmp_path_factory):
     pose = " ".join(f"{x:.9f}" for x in CAMERA_POSE)
     params = dict(device="cpu", max_distance=0.5, marker_rate_hz=0.0, slice_rate_hz=0.0, diagnostics_rate_hz=0.0,
-                  num_cameras=1, voxel_size=0.02, perception_workspace_lower=[-0.4, -0.4, -0.4],
+                  num_cameras=1, use_lidar=True, voxel_size=0.02, perception_workspace_lower=[-0.4, -0.4, -0.4],
                   perception_workspace_upper=[0.4, 0.4, 0.4], static_transforms=f"world camera_optical {pose}")
     node = rh.NodeProcess(params, tmp_path_factory.mktemp("perception"), DOMAIN)
     harness = rh.RosHarness(DOMAIN, "perception_test")
@@ -56,8 +56,10 @@ def rig(tmp_path_factory):
         rh.wait_for_services(node, [sd])
         info_pub = harness.publisher(CameraInfo, "/camera_0/depth/camera_info", qos_profile_sensor_data)
         image_pub = harness.publisher(Image, "/camera_0/depth/image", qos_profile_sensor_data)
-        rh.wait_for_matched(info_pub)
-        rh.wait_for_matched(image_pub)
+        cloud_pub = harness.publisher(PointCloud2, "/pointcloud", qos_profile_sensor_data)
+        for pub in (info_pub, image_pub, cloud_pub):
+            rh.wait_for_matched(pub)
+        harness.cloud_pub = cloud_pub
         yield node, harness, sd, info_pub, image_pub
     finally:
         harness.close()
@@ -206,3 +208,65 @@ def test_the_robot_is_removed_from_the_frames(tmp_path):
     finally:
         harness.close()
         node.stop()
+
+
+def _cloud(points: np.ndarray, frame_id: str, organised: bool) -> PointCloud2:
+    """A PointCloud2 of float32 x, y, z and a float32 intensity between them and the next point."""
+    n = len(points)
+    data = np.zeros((n, 4), "<f4")
+    data[:, :3] = points
+    msg = PointCloud2(height=4 if organised else 1, width=n // 4 if organised else n, point_step=16,
+                      is_bigendian=False, is_dense=False)
+    msg.row_step = msg.width * 16
+    msg.header.frame_id = frame_id
+    msg.fields = [PointField(name=name, offset=4 * k, datatype=PointField.FLOAT32, count=1)
+                  for k, name in enumerate(("x", "y", "z", "intensity"))]
+    msg.data = array.array("B", data[:msg.width * msg.height].tobytes())
+    return msg
+
+
+@pytest.mark.parametrize("organised", [False, True])
+def test_a_lidar_cloud_joins_the_same_world(rig, organised):
+    """A PointCloud2 (organised or not) of a second box, returns in the sensor's frame (the
+    camera's, by static_transforms, so the rays run from there): a point 2 cm below its top reads
+    inside, one 10 cm above it reads 10 cm (to 2 cm); the first box, fused from the camera, stays."""
+    node, harness, sd, _, _ = rig
+    other_v = BOX_V * [2.0 / 3.0, 2.0 / 3.0, 0.5] + [0.05, 0.28, -0.075]  # 20 x 20 x 15 cm, top at z = 0
+    scene = (np.concatenate([BOX_V, other_v]), np.concatenate([BOX_T, BOX_T + len(BOX_V)]))
+    camera = SimulatedDepthCamera(WIDTH, HEIGHT, 150.0, 150.0)
+    depth = camera.render(*scene, CAMERA_POSE)
+    fx, fy, cx, cy = camera.intrinsics
+    v, u = np.nonzero(depth > 0)
+    z = depth[v, u]
+    in_sensor_frame = np.stack([(u - cx) / fx * z, (v - cy) / fy * z, z], 1)
+    msg = _cloud(in_sensor_frame[:len(in_sensor_frame) // 4 * 4], "camera_optical", organised)
+    probe = np.array([[0.05, 0.28, -0.02], [0.05, 0.28, 0.10], [0.13, 0.0, 0.0]])
+
+    def fused():
+        harness.cloud_pub.publish(msg)
+        return harness.signed_distance(sd, probe, 0.5)[0][0] < 0.0
+
+    rh.wait_until(fused, timeout=60.0, interval=0.2, what="the cloud in the world")
+    distance, _ = harness.signed_distance(sd, probe, 0.5)
+    assert distance[0] < 0.0 and abs(distance[1] - 0.1) < 0.02 and distance[2] < 0.0, distance
+
+
+def test_a_cloud_without_xyz_is_skipped_and_reported(rig):
+    node, harness, sd, _, _ = rig
+    msg = _cloud(np.zeros((8, 3), np.float32), "camera_optical", False)
+    msg.fields = msg.fields[:2]  # x and y only
+    points = np.array([[0.13, 0.0, 0.0], [0.3, 0.3, 0.3]])
+
+    def reported(count):
+        def check():
+            harness.cloud_pub.publish(msg)
+            return rh.count_in_log(node, "lacks float32 field(s) z") >= count
+        return check
+
+    rh.wait_until(reported(1), timeout=60.0, interval=0.2, what="the node to report the cloud")
+    before, revision = harness.signed_distance(sd, points, 0.5)
+    rh.wait_until(reported(rh.count_in_log(node, "lacks float32 field(s) z") + 1), timeout=60.0, interval=0.2,
+                  what="one more report")
+    after, revision_after = harness.signed_distance(sd, points, 0.5)
+    assert node.alive() and revision_after == revision
+    np.testing.assert_array_equal(after, before)

@@ -36,6 +36,12 @@ class DepthFusion:
         changing the world yet."""
         self.volume.integrate(depth, intrinsics, pose, exclude_spheres, exclude_padding)
 
+    def add_points(self, points, origin) -> int:
+        """A lidar scan in (TsdfVolume.integrate_points: world-frame returns, the sensor's
+        position), then update_world. Returns the revision."""
+        self.volume.integrate_points(points, origin)
+        return self.update_world()
+
     def update_world(self) -> int:
         """Put the fused surface into the world (replacing the last one; removed when empty).
         Returns the world's revision."""

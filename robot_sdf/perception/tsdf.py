@@ -76,6 +76,78 @@ def integrate_depth_kernel(
 
 
 @wp.kernel
+def integrate_rays_kernel(
+    points: wp.array(dtype=wp.vec3),
+    origin: wp.vec3,
+    lower: wp.vec3,
+    voxel_size: float,
+    shape: wp.vec3i,
+    truncation: float,
+    min_range: float,
+    max_range: float,
+    sums: wp.array3d(dtype=float),
+    counts: wp.array3d(dtype=float),
+):
+    """One return of a ranging sensor (world frame) at ``origin``: every node its ray passes,
+    from the box's entry to ``truncation`` behind the return, gets the truncated distance to the
+    return along the ray (free space in front, the band behind), summed for this frame."""
+    p = points[wp.tid()]
+    if not (wp.isfinite(p[0]) and wp.isfinite(p[1]) and wp.isfinite(p[2])):
+        return
+    ray = p - origin
+    distance = wp.length(ray)
+    if distance < min_range or distance > max_range:
+        return
+    direction = ray / distance
+    upper = lower + wp.vec3(float(shape[0] - 1), float(shape[1] - 1), float(shape[2] - 1)) * voxel_size
+    # The ray's stretch inside the box (slab test), up to truncation behind the return.
+    t0 = float(0.0)
+    t1 = distance + truncation
+    for axis in range(3):
+        if wp.abs(direction[axis]) < 1.0e-12:
+            if origin[axis] < lower[axis] or origin[axis] > upper[axis]:
+                return
+        else:
+            a = (lower[axis] - origin[axis]) / direction[axis]
+            b = (upper[axis] - origin[axis]) / direction[axis]
+            t0 = wp.max(t0, wp.min(a, b))
+            t1 = wp.min(t1, wp.max(a, b))
+    step = 0.5 * voxel_size
+    last = int(-1)
+    t = t0
+    while t <= t1:
+        q = (origin + direction * t - lower) / voxel_size
+        i = int(wp.round(q[0]))
+        j = int(wp.round(q[1]))
+        k = int(wp.round(q[2]))
+        if i >= 0 and j >= 0 and k >= 0 and i < shape[0] and j < shape[1] and k < shape[2]:
+            node = (i * shape[1] + j) * shape[2] + k
+            if node != last:
+                last = node
+                node_point = lower + wp.vec3(float(i), float(j), float(k)) * voxel_size
+                # Distance to the return along the ray, measured at the node itself.
+                sdf = distance - wp.dot(node_point - origin, direction)
+                if sdf >= -truncation:
+                    wp.atomic_add(sums, i, j, k, wp.min(sdf / truncation, 1.0))
+                    wp.atomic_add(counts, i, j, k, 1.0)
+        t += step
+
+
+@wp.kernel
+def merge_rays_kernel(values: wp.array3d(dtype=float), weights: wp.array3d(dtype=float),
+                      sums: wp.array3d(dtype=float), counts: wp.array3d(dtype=float), max_weight: float):
+    """Fold one frame's ray sums into the field (their mean, with one frame's weight) and clear them."""
+    i, j, k = wp.tid()
+    n = counts[i, j, k]
+    if n > 0.0:
+        w = weights[i, j, k]
+        values[i, j, k] = (values[i, j, k] * w + sums[i, j, k] / n) / (w + 1.0)
+        weights[i, j, k] = wp.min(w + 1.0, max_weight)
+        sums[i, j, k] = 0.0
+        counts[i, j, k] = 0.0
+
+
+@wp.kernel
 def mask_spheres_kernel(
     depth: wp.array2d(dtype=float),
     fx: float,
@@ -159,6 +231,7 @@ class TsdfVolume:
         self._mc = _MarchingCubes(*self.shape, domain_bounds_lower_corner=tuple(map(float, self.lower)),
                                   domain_bounds_upper_corner=tuple(map(float, self.upper)))
         self.frames = 0
+        self._sums = self._counts = None  # one scan's ray sums (integrate_points), made on first use
 
     def integrate(self, depth, intrinsics, pose, exclude_spheres=None, exclude_padding: float = 0.0) -> None:
         """Fuse one depth image: ``depth`` (H, W) metres (numpy, torch or a Warp array; 0 or NaN:
@@ -178,6 +251,30 @@ class TsdfVolume:
                   inputs=[self.values, self.weights, wp.vec3(*map(float, self.lower)), self.voxel_size, image,
                           fx, fy, cx, cy, transform, self.truncation, self.max_weight, self.min_depth,
                           self.max_depth], device=self.device)
+        self.frames += 1
+
+    def integrate_points(self, points, origin) -> None:
+        """Fuse one scan of a ranging sensor (a lidar): ``points`` (N, 3) its returns in the world
+        (NaN rows: no return), ``origin`` (3,) the sensor's position in the world. Each return's
+        ray carves the free space in front of it and marks the band behind it. Bad input raises
+        ValueError and changes nothing."""
+        origin = np.asarray(origin, np.float64).reshape(-1)
+        if origin.shape != (3,) or not np.isfinite(origin).all():
+            raise ValueError(f"origin must be 3 finite numbers, got {origin}")
+        points = np.asarray(points.detach().cpu() if isinstance(points, torch.Tensor) else points, np.float32)
+        if points.ndim != 2 or points.shape[1] != 3:
+            raise ValueError(f"points must be (N, 3), got shape {points.shape}")
+        if self._sums is None:
+            self._sums = wp.zeros(self.shape, dtype=float, device=self.device)
+            self._counts = wp.zeros(self.shape, dtype=float, device=self.device)
+        if len(points):
+            wp.launch(integrate_rays_kernel, dim=len(points),
+                      inputs=[wp.array(np.ascontiguousarray(points), dtype=wp.vec3, device=self.device),
+                              wp.vec3(*map(float, origin)), wp.vec3(*map(float, self.lower)), self.voxel_size,
+                              wp.vec3i(*self.shape), self.truncation, self.min_depth, self.max_depth,
+                              self._sums, self._counts], device=self.device)
+            wp.launch(merge_rays_kernel, dim=self.shape,
+                      inputs=[self.values, self.weights, self._sums, self._counts, self.max_weight], device=self.device)
         self.frames += 1
 
     def filled_field(self) -> np.ndarray:

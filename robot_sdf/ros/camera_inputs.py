@@ -1,4 +1,5 @@
-"""Depth cameras into the node's world, with nvblox's topic names: per camera i (num_cameras),
+"""Depth cameras and a lidar into the node's world, with nvblox's topic names: ``pointcloud``
+(sensor_msgs/PointCloud2 with float32 x, y, z, organised or not; with use_lidar), and per camera i (num_cameras),
 ``camera_<i>/depth/image`` (sensor_msgs/Image, 32FC1 metres or 16UC1 millimetres; 0 and NaN are
 no return) and ``camera_<i>/depth/camera_info`` (sensor_msgs/CameraInfo), relative to the node's
 namespace so that a launch file remaps them as it remaps nvblox's. The camera's pose is that of
@@ -17,8 +18,9 @@ from __future__ import annotations
 import numpy as np
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.qos import qos_profile_sensor_data
-from sensor_msgs.msg import CameraInfo, Image
+from sensor_msgs.msg import CameraInfo, Image, PointCloud2
 
+from robot_sdf.geometry import transform_points
 from robot_sdf.perception import DepthFusion
 from robot_sdf.ros.frames import FrameError, TransformPending
 from robot_sdf.ros.robot_body import RobotBody
@@ -41,6 +43,30 @@ def depth_image(msg: Image) -> np.ndarray:
     raw = np.frombuffer(msg.data, dtype=np.uint8, count=step * height).reshape(height, step)
     values = raw[:, :width * item].copy().view(np.dtype(dtype).newbyteorder(">" if msg.is_bigendian else "<"))
     return values.astype(np.float32) * np.float32(scale)
+
+
+_FLOAT32 = 7  # sensor_msgs/PointField.FLOAT32
+
+
+def cloud_points(msg: PointCloud2) -> np.ndarray:
+    """(N, 3) float32 x, y, z of a PointCloud2 (organised or not; NaN rows kept: no return);
+    ValueError when it has no float32 x, y and z fields or too few bytes."""
+    fields = {f.name: f for f in msg.fields}
+    missing = [n for n in "xyz" if n not in fields or fields[n].datatype != _FLOAT32 or fields[n].count != 1]
+    if missing:
+        raise ValueError(f"point cloud lacks float32 field(s) {', '.join(missing)}")
+    count, step = int(msg.width) * int(msg.height), int(msg.point_step)
+    if count == 0:
+        return np.zeros((0, 3), np.float32)
+    offsets = [int(fields[n].offset) for n in "xyz"]
+    if step < 4 or max(offsets) + 4 > step or int(msg.row_step) < int(msg.width) * step \
+            or len(msg.data) < int(msg.row_step) * int(msg.height):
+        raise ValueError(f"point cloud of {msg.width}x{msg.height} points, point_step {step}, row_step "
+                         f"{msg.row_step}, holds {len(msg.data)} bytes: inconsistent")
+    rows = np.frombuffer(msg.data, dtype=np.uint8, count=int(msg.row_step) * int(msg.height))
+    rows = rows.reshape(int(msg.height), int(msg.row_step))[:, :int(msg.width) * step].reshape(count, step)
+    order = ">" if msg.is_bigendian else "<"
+    return np.stack([rows[:, o:o + 4].copy().view(order + "f4").reshape(-1) for o in offsets], 1).astype(np.float32)
 
 
 def intrinsics(msg: CameraInfo) -> tuple[float, float, float, float]:
@@ -68,6 +94,9 @@ class CameraInputs:
         self._body = RobotBody(node, frames, config.robot_spheres_file, reject) if config.robot_spheres_file else None
         group = MutuallyExclusiveCallbackGroup()  # one frame at a time into the field
         self._subscriptions = []
+        if config.use_lidar:
+            self._subscriptions.append(node.create_subscription(
+                PointCloud2, "pointcloud", self.on_pointcloud, qos_profile_sensor_data, callback_group=group))
         for i in range(config.num_cameras):
             self._subscriptions.append(node.create_subscription(
                 CameraInfo, f"camera_{i}/depth/camera_info", lambda msg, i=i: self.on_camera_info(i, msg),
@@ -82,6 +111,19 @@ class CameraInputs:
         self._subscriptions = []
         if self._body is not None:
             self._body.close(node)
+
+    def on_pointcloud(self, msg: PointCloud2) -> None:
+        """A scan of the lidar: its returns and its origin brought into the world, fused."""
+        try:
+            points = cloud_points(msg)
+            stamp_ns = int(msg.header.stamp.sec) * 1_000_000_000 + int(msg.header.stamp.nanosec)
+            pose = self._frames.pose_in_world(msg.header.frame_id, stamp_ns, IDENTITY_POSE)
+        except (ValueError, FrameError, TransformPending) as exc:
+            self._reject("pointcloud", str(exc))
+            return
+        self.fusion.add_points(transform_points(pose, points), pose[:3])
+        self.frames_fused += 1
+        self._on_applied()
 
     def on_camera_info(self, i: int, msg: CameraInfo) -> None:
         try:

@@ -195,6 +195,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "camera_<i>/depth/image (32FC1 m or 16UC1 mm) and camera_<i>/depth/camera_info, relative "
               "to the node's namespace; 0 = no depth input. Their surface is the mesh 'perceived' of "
               "environment 0 (docs/perception.md).", "0..16", _at_least(0), int_range=(0, 16)),
+    ParamSpec("use_lidar", False, "Fuse the point clouds of the topic 'pointcloud' (sensor_msgs/PointCloud2 "
+              "with float32 x, y, z, organised or not; relative to the node's namespace, nvblox's name) "
+              "into the world: each return's ray from the sensor frame's origin carves free space."),
     ParamSpec("voxel_size", 0.02, "Voxel size of the fused depth field [m] (nvblox's name).", "> 0", _positive,
               float_range=(0.001, 1.0)),
     ParamSpec("perception_workspace_lower", [-1.0, -1.0, -0.2], "Lower corner of the box in world_frame "
@@ -261,6 +264,7 @@ class ServerConfig:
     tf_timeout: float
     tf_use_latest: bool
     num_cameras: int
+    use_lidar: bool
     voxel_size: float
     perception_workspace_lower: tuple[float, float, float]
     perception_workspace_upper: tuple[float, float, float]

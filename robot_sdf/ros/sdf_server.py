@@ -177,9 +177,10 @@ class SdfServer(Node):
         self._request_lock = threading.Lock()
         self._last_request: tuple[np.ndarray, np.ndarray] | None = None
         self._request_seq = 0
+        perceiving = cfg.num_cameras > 0 or cfg.use_lidar
         self._markers = MarkerState(self.world, cfg.num_envs, cfg.world_frame, self.last_request,
                                     max_triangles=cfg.marker_max_triangles,
-                                    namespaces={(0, PERCEIVED_MESH): PERCEIVED_MESH} if cfg.num_cameras else None)
+                                    namespaces={(0, PERCEIVED_MESH): PERCEIVED_MESH} if perceiving else None)
 
     def activate_server(self) -> None:
         """Open the transform lookup, the update subscriptions, publishers, timers and services."""
@@ -192,7 +193,7 @@ class SdfServer(Node):
         self._jump_handle = self.get_clock().create_jump_callback(threshold,
                                                                   post_callback=self._world_updates.on_time_jump)
         self._world_updates.start(self, self._pose_topics)
-        if self.config.num_cameras > 0:
+        if self.config.num_cameras > 0 or self.config.use_lidar:
             self._cameras = CameraInputs(self, self.world, self.config, self._frames, self._world_updates.reject,
                                          on_applied=lambda: None)
         self._create_outputs_and_services()
