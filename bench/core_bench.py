@@ -992,11 +992,11 @@ class _TrivialFunction(torch.autograd.Function):
 
 def tables() -> dict[str, Callable[..., None]]:
     """Every core table by name, in the order a full run prints them."""
-    from bench import kernel_sets, real_bench
+    from bench import kernel_sets, perception_bench, real_bench
 
     parts = (world_updates, call_overhead, standard_table, raw_mesh_table, real_bench.real_mesh_table,
              kernel_sets.kernel_sets, sphere_scaling, triangle_scaling, mppi_batch, sign_methods, swept_table,
-             perception_free_space, far_obstacles)
+             perception_free_space, perception_bench.perception_fusion, far_obstacles)
     return {part.__name__: part for part in parts}
 
 
