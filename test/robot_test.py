@@ -147,6 +147,16 @@ def test_gradients_match_finite_differences(toy):
         np.testing.assert_allclose(grad.numpy(), fd.numpy(), atol=1e-6)
 
 
+def _mimic_urdf(tmp_path) -> Path:
+    """The toy URDF with j3 a mimic of j1 (0.1 j1 + 0.01)."""
+    mimic = tmp_path / "toy_pkg" / "mimic.urdf"
+    mimic.parent.mkdir()
+    mimic.write_text(URDF.replace('<limit lower="0" upper="0.1" velocity="0.2" effort="1"/>',
+                                  '<limit lower="0" upper="0.1" velocity="0.2" effort="1"/>'
+                                  '<mimic joint="j1" multiplier="0.1" offset="0.01"/>'))
+    return mimic
+
+
 def test_locked_joints_and_mimic(toy, tmp_path):
     from robot_sdf.robot import RobotModel
 
@@ -154,12 +164,7 @@ def test_locked_joints_and_mimic(toy, tmp_path):
     assert robot.dof == 2
     q = np.array([0.3, -0.4])
     np.testing.assert_allclose(robot.spheres(torch.tensor(q)).numpy(), _numpy_spheres([0.3, -0.4, 0.05]), rtol=0, atol=1e-6)  # pytorch_kinematics parses rpy in float32
-    mimic = tmp_path / "toy_pkg" / "mimic.urdf"
-    mimic.parent.mkdir()
-    mimic.write_text(URDF.replace('<limit lower="0" upper="0.1" velocity="0.2" effort="1"/>',
-                                  '<limit lower="0" upper="0.1" velocity="0.2" effort="1"/>'
-                                  '<mimic joint="j1" multiplier="0.1" offset="0.01"/>'))
-    robot = RobotModel(mimic, SPHERES, dtype=torch.float64)
+    robot = RobotModel(_mimic_urdf(tmp_path), SPHERES, dtype=torch.float64)
     assert robot.dof == 2
     np.testing.assert_allclose(robot.spheres(torch.tensor(q)).numpy(), _numpy_spheres([0.3, -0.4, 0.04]), rtol=0, atol=1e-6)  # pytorch_kinematics parses rpy in float32
 
@@ -343,12 +348,7 @@ def test_forward_kinematics_builds_no_tensor_from_host_data(toy, tmp_path, monke
     after construction, mimic joints included; the spheres still match the numpy reference."""
     from robot_sdf.robot import RobotModel
 
-    mimic = tmp_path / "toy_pkg" / "mimic.urdf"
-    mimic.parent.mkdir()
-    mimic.write_text(URDF.replace('<limit lower="0" upper="0.1" velocity="0.2" effort="1"/>',
-                                  '<limit lower="0" upper="0.1" velocity="0.2" effort="1"/>'
-                                  '<mimic joint="j1" multiplier="0.1" offset="0.01"/>'))
-    robot = RobotModel(mimic, SPHERES, dtype=torch.float64)
+    robot = RobotModel(_mimic_urdf(tmp_path), SPHERES, dtype=torch.float64)
     q = torch.tensor([0.3, -0.4])
 
     def refuse(*_args, **_kwargs):
