@@ -49,11 +49,6 @@ def scene() -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray
     return parts, np.array([-0.8, -0.8, -0.1]), np.array([0.8, 0.8, 0.6])
 
 
-def _merged(parts):
-    offsets = np.cumsum([0] + [len(v) for v, _ in parts])[:-1]
-    return np.concatenate([v for v, _ in parts]), np.concatenate([t + o for (_, t), o in zip(parts, offsets)])
-
-
 def views(count: int = 30):
     from robot_sdf.perception.simulated_camera import look_at
 
@@ -98,10 +93,10 @@ def accuracy(b, frames) -> list[list[str]]:
 
 
 def render_frames(b, width: int, height: int, count: int):
-    from robot_sdf.perception.simulated_camera import SimulatedDepthCamera
+    from robot_sdf.perception.simulated_camera import SimulatedDepthCamera, merge_meshes
 
     parts, _, _ = scene()
-    vertices, triangles = _merged(parts)
+    vertices, triangles = merge_meshes(parts)
     camera = SimulatedDepthCamera(width, height, 0.9 * width, 0.9 * width, device=b.device)
     rng = np.random.default_rng(0)
     return [(camera.render(vertices, triangles, pose, rng), camera.intrinsics, pose)
@@ -129,6 +124,8 @@ def speed_rows(b, frames, voxel: float, label: str) -> list[list[str]]:
             update.append(t2 - t1)
     rows = [[label, f"{voxel * 100:.0f} cm", "robot_sdf", f"{1e3 * np.median(integrate):.1f}",
              f"{1e3 * np.median(update):.1f}", f"{1e3 * (np.median(integrate) + np.median(update)):.1f}"]]
+    from robot_sdf.geometry import quat_to_matrix
+
     o3d = _open3d()
     if o3d is None:
         rows.append([label, f"{voxel * 100:.0f} cm", "Open3D", "not installed", "", ""])
@@ -144,8 +141,6 @@ def speed_rows(b, frames, voxel: float, label: str) -> list[list[str]]:
             o3d.geometry.Image(np.zeros((h, w, 3), np.uint8)), o3d.geometry.Image(depth.astype(np.float32)),
             depth_scale=1.0, depth_trunc=6.0, convert_rgb_to_intensity=False)
         m = np.eye(4)
-        from robot_sdf.geometry import quat_to_matrix
-
         m[:3, :3], m[:3, 3] = quat_to_matrix(pose[3:]), pose[:3]
         t0 = time.perf_counter()
         volume.integrate(rgbd, camera, np.linalg.inv(m))
@@ -169,17 +164,18 @@ def _open3d():
 
 
 def lidar_row(b, frames) -> list[str]:
-    from robot_sdf.geometry import quat_to_matrix
     from robot_sdf.perception import TsdfVolume
+    from robot_sdf.perception.simulated_camera import SimulatedDepthCamera
+
+    height, width = frames[0][0].shape
+    camera = SimulatedDepthCamera(width, height, *frames[0][1])  # to turn the frames into points
 
     _, lower, upper = scene()
     volume = TsdfVolume(lower, upper, voxel_size=0.02, device=b.device)
     rng = np.random.default_rng(4)
     times = []
-    for k, (depth, (fx, fy, cx, cy), pose) in enumerate(frames):
-        v, u = np.nonzero(depth > 0)
-        z = depth[v, u]
-        cloud = np.stack([(u - cx) / fx * z, (v - cy) / fy * z, z], 1) @ quat_to_matrix(pose[3:]).T + pose[:3]
+    for k, (depth, _, pose) in enumerate(frames):
+        cloud = camera.points(depth, pose)
         cloud = cloud[rng.choice(len(cloud), min(30_000, len(cloud)), replace=False)].astype(np.float32)
         t0 = time.perf_counter()
         volume.integrate_points(cloud, pose[:3])

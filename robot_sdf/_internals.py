@@ -44,8 +44,7 @@ SUPPORTED_TORCH = ("2.13",)
 SUPPORTED_RCLPY = ("7.1", "9.1")  # ROS 2 Jazzy, Kilted
 
 
-def _minor(version: str) -> str:
-    return ".".join(version.split("+")[0].split(".")[:2])
+_minor = warp_release.minor_release  # "major.minor" of any of these libraries' version strings
 
 
 TORCH_SHORTCUTS = _minor(torch.__version__) in SUPPORTED_TORCH

@@ -148,8 +148,8 @@ def queued_work_events(device: torch.device) -> tuple | None:
     index = device.index or 0
     try:
         handles = {handle for (i, handle) in tuple(_streams) if i == index}
-        pending = [event for i, event in tuple(_evicted_events) if i == index and not event.query()]
-        _evicted_events[:] = [(i, e) for i, e in tuple(_evicted_events) if i != index or not e.query()]
+        _evicted_events[:] = [(i, event) for i, event in tuple(_evicted_events) if not event.query()]
+        pending = [event for i, event in _evicted_events if i == index]
     except RuntimeError:
         return None
     handles.add(int(torch.cuda.current_stream(device).cuda_stream))

@@ -160,16 +160,14 @@ def _launch_reading(snapshot, kernel, total: int, inputs: list, outputs: list, d
     its meshes and tensors alive (and in-place refits waiting) until the kernel has run, also for
     callers that hand a snapshot to the Functions themselves. On the CPU kernels have run when the
     launch returns."""
-    if device.type != "cuda":
-        launch_kernel(kernel, total, inputs, outputs, device)
-        return
-    graveyard.purge()  # what dropped snapshots and adopted meshes left, once their kernels ran
-    if snapshot is None:
-        launch_kernel(kernel, total, inputs, outputs, device)
-        return
-    snapshot.before_use()
+    reads = snapshot if device.type == "cuda" else None
+    if device.type == "cuda":
+        graveyard.purge()  # what dropped snapshots and adopted meshes left, once their kernels ran
+    if reads is not None:
+        reads.before_use()
     launch_kernel(kernel, total, inputs, outputs, device)
-    snapshot.after_use()
+    if reads is not None:
+        reads.after_use()
 
 
 # sphere_cost_kernel's arguments by kind, for the direct CPU call: those constant_arguments gives,

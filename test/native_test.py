@@ -45,10 +45,10 @@ def _slot_hits_kernel(bvh: wp.uint64, lower: wp.array(dtype=wp.vec3), upper: wp.
         hits[i, j] = found[j]
 
 
-def test_slot_bvh_hits_are_the_overlapping_boxes():
-    """Every item whose box overlaps the query box (closed intervals, as the kernels test them),
-    each once, when at most SLOT_HITS do; more than SLOT_HITS reported as such. Against a brute
-    force test of every box."""
+def slot_hits_case(kernel) -> tuple[np.ndarray, np.ndarray]:
+    """``kernel`` (bvh, lower, upper, hits (n, 33)) run over 2000 random query boxes against a BVH
+    of 300 random boxes: (its hits, the brute-force overlap (2000, 300) of every box with every
+    query, closed intervals as the kernels test them)."""
     rng = np.random.default_rng(3)
     centres = rng.uniform(-1.0, 1.0, size=(300, 3))
     half = rng.uniform(0.01, 0.1, size=(300, 1))
@@ -58,10 +58,16 @@ def test_slot_bvh_hits_are_the_overlapping_boxes():
     q_half = rng.uniform(0.0, 0.8, size=(2000, 1)) ** 2
     q_lo, q_hi = (q_centre - q_half).astype(np.float32), (q_centre + q_half).astype(np.float32)
     hits = wp.zeros((2000, 33), dtype=wp.int32, device="cpu")
-    wp.launch(_slot_hits_kernel, 2000, [bvh.id, wp.array(q_lo, dtype=wp.vec3, device="cpu"),
-                                        wp.array(q_hi, dtype=wp.vec3, device="cpu"), hits], device="cpu")
-    hits = hits.numpy()
-    overlap = np.all((lowers[None] <= q_hi[:, None]) & (uppers[None] >= q_lo[:, None]), axis=2)
+    wp.launch(kernel, 2000, [bvh.id, wp.array(q_lo, dtype=wp.vec3, device="cpu"),
+                             wp.array(q_hi, dtype=wp.vec3, device="cpu"), hits], device="cpu")
+    return hits.numpy(), np.all((lowers[None] <= q_hi[:, None]) & (uppers[None] >= q_lo[:, None]), axis=2)
+
+
+def test_slot_bvh_hits_are_the_overlapping_boxes():
+    """Every item whose box overlaps the query box (closed intervals, as the kernels test them),
+    each once, when at most SLOT_HITS do; more than SLOT_HITS reported as such. Against a brute
+    force test of every box."""
+    hits, overlap = slot_hits_case(_slot_hits_kernel)
     counts = overlap.sum(1)
     assert (counts == 0).any() and ((counts > 0) & (counts <= 32)).sum() > 500 and (counts > 32).sum() > 20
     for i in range(2000):

@@ -12,7 +12,7 @@ import torch
 import reference as ref
 from robot_sdf import MeshWorld
 from robot_sdf.perception import DepthFusion, TsdfVolume
-from robot_sdf.perception.simulated_camera import SimulatedDepthCamera, look_at
+from robot_sdf.perception.simulated_camera import SimulatedDepthCamera, look_at, merge_meshes
 
 LOWER, UPPER = (-0.6, -0.6, -0.5), (0.6, 0.6, 0.7)
 REPO_CONFIG = Path(__file__).resolve().parents[1] / "config"
@@ -23,11 +23,6 @@ def _scene():
     bv, bt = ref.box((0.4, 0.3, 0.2))
     sv, st = ref.icosphere(0.1, 3)
     return [(bv + [0.0, 0.0, 0.1], bt), (sv + [0.3, 0.25, 0.1], st)]
-
-
-def _merged(parts):
-    offsets = np.cumsum([0] + [len(v) for v, _ in parts])[:-1]
-    return np.concatenate([v for v, _ in parts]), np.concatenate([t + o for (_, t), o in zip(parts, offsets)])
 
 
 def _views(count: int = 30):
@@ -46,7 +41,7 @@ def _true_sd(points, parts):
 @pytest.fixture(scope="module")
 def fused():
     parts = _scene()
-    vertices, triangles = _merged(parts)
+    vertices, triangles = merge_meshes(parts)
     camera = SimulatedDepthCamera(320, 240, 300.0, 300.0)
     world = MeshWorld(device="cpu", max_distance=0.5)
     fusion = DepthFusion(world, LOWER, UPPER, voxel_size=0.02)
@@ -128,7 +123,7 @@ def test_an_obstacle_that_leaves_is_carved():
     bv, bt = ref.box((0.2, 0.2, 0.2))
     wall_v, wall_t = ref.box((0.05, 1.0, 1.0))
     wall_v = wall_v + [-0.45, 0.0, 0.0]
-    with_box = _merged([(bv, bt), (wall_v, wall_t)])
+    with_box = merge_meshes([(bv, bt), (wall_v, wall_t)])
     camera = SimulatedDepthCamera(160, 120, 150.0, 150.0)
     world = MeshWorld(device="cpu", max_distance=0.5)
     fusion = DepthFusion(world, (-0.5, -0.5, -0.5), (0.5, 0.5, 0.5), voxel_size=0.02, max_weight=20.0)
@@ -198,12 +193,12 @@ def test_the_robot_is_not_its_own_obstacle(tmp_path):
         parts.append((v.astype(np.float64) @ m[:3, :3].T + m[:3, 3], t))
     table_v, table_t = ref.box((1.2, 1.2, 0.05))
     parts.append((table_v + [0.2, 0.0, -0.125], table_t))  # 10 cm below the base
-    vertices, triangles = _merged(parts)
+    vertices, triangles = merge_meshes(parts)
     spheres = robot.spheres(q).numpy()
     camera = SimulatedDepthCamera(160, 120, 170.0, 170.0)
     pose = look_at([0.55, 0.2, 0.55], [0.05, 0.0, 0.25])
     depth = camera.render(vertices, triangles, pose, np.random.default_rng(3))
-    robot_pixels = camera.render(*_merged(parts[:-1]), pose) > 0
+    robot_pixels = camera.render(*merge_meshes(parts[:-1]), pose) > 0
     assert 0.25 < robot_pixels.mean() < 0.5
     # A point of the table top that the camera sees: where the ray of a table pixel of the row
     # near the bottom meets the table's top plane (z = -0.1).
@@ -232,18 +227,13 @@ def test_a_lidar_scan_carves_and_marks_along_its_rays():
     along their length, a little coarser than the projective camera update), deep inside
     >= 95 %, free 1-5 cm >= 90 %, nothing beyond 5 cm occupied. NaN rows are no returns."""
     parts = _scene()
-    vertices, triangles = _merged(parts)
+    vertices, triangles = merge_meshes(parts)
     camera = SimulatedDepthCamera(320, 240, 300.0, 300.0)
     world = MeshWorld(device="cpu", max_distance=0.5)
     fusion = DepthFusion(world, LOWER, UPPER, voxel_size=0.02)
     rng = np.random.default_rng(0)
-    fx, fy, cx, cy = camera.intrinsics
     for pose in _views():
-        depth = camera.render(vertices, triangles, pose, rng)
-        v, u = np.nonzero(depth > 0)
-        z = depth[v, u]
-        local = np.stack([(u - cx) / fx * z, (v - cy) / fy * z, z], 1)
-        cloud = local @ ref.quat_to_matrix(pose[3:]).T + pose[:3]
+        cloud = camera.points(camera.render(vertices, triangles, pose, rng), pose)
         cloud = cloud[rng.choice(len(cloud), min(30_000, len(cloud)), replace=False)]
         cloud[::100] = np.nan
         fusion.volume.integrate_points(cloud, pose[:3])

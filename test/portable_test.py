@@ -18,7 +18,7 @@ import warp as wp
 import kernel_outputs
 import reference as ref
 from mesh_corpus import open_bowl
-from native_test import _sliver_ellipsoid, _triangle_distances, crinkled_fans, folded_open_surfaces
+from native_test import _sliver_ellipsoid, _triangle_distances, crinkled_fans, folded_open_surfaces, slot_hits_case
 from robot_sdf.kernels import native, portable
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,18 +45,8 @@ def _slot_hits_kernel(bvh: wp.uint64, lower: wp.array(dtype=wp.vec3), upper: wp.
 
 
 def test_slot_bvh_hits_are_the_overlapping_boxes():
-    rng = np.random.default_rng(3)
-    centres = rng.uniform(-1.0, 1.0, size=(300, 3))
-    half = rng.uniform(0.01, 0.1, size=(300, 1))
-    lowers, uppers = (centres - half).astype(np.float32), (centres + half).astype(np.float32)
-    bvh = wp.Bvh(_vec3(lowers), _vec3(uppers))
-    q_centre = rng.uniform(-1.1, 1.1, size=(2000, 3))
-    q_half = rng.uniform(0.0, 0.8, size=(2000, 1)) ** 2
-    q_lo, q_hi = (q_centre - q_half).astype(np.float32), (q_centre + q_half).astype(np.float32)
-    hits = wp.zeros((2000, 33), dtype=wp.int32, device="cpu")
-    wp.launch(_slot_hits_kernel, 2000, [bvh.id, _vec3(q_lo), _vec3(q_hi), hits], device="cpu")
-    hits = hits.numpy()
-    overlap = np.all((lowers[None] <= q_hi[:, None]) & (uppers[None] >= q_lo[:, None]), axis=2)
+    """native_test's case: every overlapping box, each once, and the exact count (also beyond 32)."""
+    hits, overlap = slot_hits_case(_slot_hits_kernel)
     counts = overlap.sum(axis=1)
     np.testing.assert_array_equal(hits[:, 32], counts)
     assert (counts > 32).sum() > 10 and (counts == 0).sum() > 10

@@ -234,11 +234,7 @@ def test_a_lidar_cloud_joins_the_same_world(rig, organised):
     other_v = BOX_V * [2.0 / 3.0, 2.0 / 3.0, 0.5] + [0.05, 0.28, -0.075]  # 20 x 20 x 15 cm, top at z = 0
     scene = (np.concatenate([BOX_V, other_v]), np.concatenate([BOX_T, BOX_T + len(BOX_V)]))
     camera = SimulatedDepthCamera(WIDTH, HEIGHT, 150.0, 150.0)
-    depth = camera.render(*scene, CAMERA_POSE)
-    fx, fy, cx, cy = camera.intrinsics
-    v, u = np.nonzero(depth > 0)
-    z = depth[v, u]
-    in_sensor_frame = np.stack([(u - cx) / fx * z, (v - cy) / fy * z, z], 1)
+    in_sensor_frame = camera.points(camera.render(*scene, CAMERA_POSE), [0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
     msg = _cloud(in_sensor_frame[:len(in_sensor_frame) // 4 * 4], "camera_optical", organised)
     probe = np.array([[0.05, 0.28, -0.02], [0.05, 0.28, 0.10], [0.13, 0.0, 0.0]])
 

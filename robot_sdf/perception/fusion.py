@@ -12,11 +12,11 @@ sensor saw, is inside, its cost growing with depth.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from robot_sdf.perception.tsdf import TsdfVolume
+from robot_sdf.types import IDENTITY_POSE
 
-IDENTITY_POSE = np.array([0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+# The world mesh the fused surface is, unless DepthFusion is given another name.
+PERCEIVED_MESH = "perceived"
 
 
 class DepthFusion:
@@ -24,7 +24,7 @@ class DepthFusion:
     min_depth, max_depth) whose surface is the mesh ``name`` of ``world``'s environment ``env``,
     on the world's device."""
 
-    def __init__(self, world, lower, upper, name: str = "perceived", env: int = 0, sign_method: str = "normal",
+    def __init__(self, world, lower, upper, name: str = PERCEIVED_MESH, env: int = 0, sign_method: str = "normal",
                  **volume) -> None:
         world.check_env(env)
         self.world, self.name, self.env, self.sign_method = world, name, int(env), sign_method

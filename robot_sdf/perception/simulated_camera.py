@@ -24,6 +24,12 @@ def raycast_depth_kernel(mesh: wp.uint64, camera_to_world: wp.transform, fx: flo
     depth[v, u] = wp.where(hit.result, hit.t / length, 0.0)
 
 
+def merge_meshes(parts) -> tuple[np.ndarray, np.ndarray]:
+    """One mesh (vertices (V, 3), triangles (T, 3)) of several [(vertices, triangles)]: a scene to render."""
+    offsets = np.cumsum([0] + [len(v) for v, _ in parts])[:-1]
+    return np.concatenate([v for v, _ in parts]), np.concatenate([t + o for (_, t), o in zip(parts, offsets)])
+
+
 def look_at(eye, target, up=(0.0, 0.0, 1.0)) -> np.ndarray:
     """Pose (7,) of an optical frame at ``eye`` looking at ``target``, image 'up' towards ``up``."""
     eye, target, up = (np.asarray(a, np.float64) for a in (eye, target, up))
@@ -48,6 +54,16 @@ class SimulatedDepthCamera:
                            float((height - 1) / 2 if cy is None else cy))
         self.max_range = float(max_range)
         self.device = device
+
+    def points(self, depth: np.ndarray, pose) -> np.ndarray:
+        """The returns of a depth image (0: none) as points (N, 3) in the frame ``pose`` places
+        the camera in (the identity pose: the camera's own optical frame)."""
+        fx, fy, cx, cy = self.intrinsics
+        v, u = np.nonzero(depth > 0)
+        z = depth[v, u].astype(np.float64)
+        local = np.stack([(u - cx) / fx * z, (v - cy) / fy * z, z], 1)
+        pose = np.asarray(pose, np.float64)
+        return local @ Rotation.from_quat([pose[4], pose[5], pose[6], pose[3]]).as_matrix().T + pose[:3]
 
     def render(self, vertices: np.ndarray, triangles: np.ndarray, pose, rng: np.random.Generator | None = None,
                drop_fraction: float = 0.01) -> np.ndarray:

@@ -21,12 +21,11 @@ from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import CameraInfo, Image, PointCloud2
 
 from robot_sdf.geometry import transform_points
-from robot_sdf.perception import DepthFusion
+from robot_sdf.perception.fusion import PERCEIVED_MESH, DepthFusion
 from robot_sdf.ros.frames import FrameError, TransformPending
 from robot_sdf.ros.robot_body import RobotBody
+from robot_sdf.types import IDENTITY_POSE
 
-IDENTITY_POSE = np.array([0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
-PERCEIVED_MESH = "perceived"
 # encoding -> (numpy dtype, metres per unit)
 DEPTH_ENCODINGS = {"32FC1": (np.float32, 1.0), "16UC1": (np.uint16, 1.0e-3)}
 
@@ -81,10 +80,9 @@ def intrinsics(msg: CameraInfo) -> tuple[float, float, float, float]:
 class CameraInputs:
     """The subscriptions of num_cameras depth cameras on ``node`` and their fusion (module docstring)."""
 
-    def __init__(self, node, world, config, frames, reject, on_applied) -> None:
+    def __init__(self, node, world, config, frames, reject) -> None:
         self._frames = frames
         self._reject = reject  # (what, why): the node's rejection path (log + diagnostics)
-        self._on_applied = on_applied
         self.fusion = DepthFusion(world, config.perception_workspace_lower, config.perception_workspace_upper,
                                   name=PERCEIVED_MESH, voxel_size=config.voxel_size,
                                   max_weight=config.perception_max_weight, unobserved=config.perception_unobserved)
@@ -123,7 +121,6 @@ class CameraInputs:
             return
         self.fusion.add_points(transform_points(pose, points), pose[:3])
         self.frames_fused += 1
-        self._on_applied()
 
     def on_camera_info(self, i: int, msg: CameraInfo) -> None:
         try:
@@ -151,4 +148,3 @@ class CameraInputs:
             return
         self.fusion.add_depth(depth, k, pose, body, self._padding)
         self.frames_fused += 1
-        self._on_applied()

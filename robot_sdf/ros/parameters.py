@@ -273,6 +273,11 @@ class ServerConfig:
     robot_padding: float
     perception_unobserved: str
 
+    @property
+    def perceives(self) -> bool:
+        """Whether depth cameras or a lidar feed the world (camera_inputs)."""
+        return self.num_cameras > 0 or self.use_lidar
+
     def slice_shape(self) -> tuple[int, int]:
         """Grid points of the distance slice along its two in-plane axes."""
         return tuple(max(1, int(math.floor(s / self.slice_resolution + 1e-9)) + 1)

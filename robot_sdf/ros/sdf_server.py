@@ -61,7 +61,8 @@ from robot_sdf import MeshWorld
 from robot_sdf.memory import TrimScheduler
 from robot_sdf.requests import CostResult, RequestError, RequestSettings, RequestTranslator  # noqa: F401
 from robot_sdf.ros import conversions as conv
-from robot_sdf.ros.camera_inputs import PERCEIVED_MESH, CameraInputs
+from robot_sdf.perception.fusion import PERCEIVED_MESH
+from robot_sdf.ros.camera_inputs import CameraInputs
 from robot_sdf.ros.frames import (JUMP_BACK_NS, FrameResolver, Tf2Buffer, TopicTransformBuffer, TransformCache,
                                   parse_static_transforms, tf2_available)
 from robot_sdf.ros.health import HealthMonitor, RequestStats, diagnostic_status
@@ -177,10 +178,9 @@ class SdfServer(Node):
         self._request_lock = threading.Lock()
         self._last_request: tuple[np.ndarray, np.ndarray] | None = None
         self._request_seq = 0
-        perceiving = cfg.num_cameras > 0 or cfg.use_lidar
         self._markers = MarkerState(self.world, cfg.num_envs, cfg.world_frame, self.last_request,
                                     max_triangles=cfg.marker_max_triangles,
-                                    namespaces={(0, PERCEIVED_MESH): PERCEIVED_MESH} if perceiving else None)
+                                    namespaces={(0, PERCEIVED_MESH): PERCEIVED_MESH} if cfg.perceives else None)
 
     def activate_server(self) -> None:
         """Open the transform lookup, the update subscriptions, publishers, timers and services."""
@@ -193,9 +193,8 @@ class SdfServer(Node):
         self._jump_handle = self.get_clock().create_jump_callback(threshold,
                                                                   post_callback=self._world_updates.on_time_jump)
         self._world_updates.start(self, self._pose_topics)
-        if self.config.num_cameras > 0 or self.config.use_lidar:
-            self._cameras = CameraInputs(self, self.world, self.config, self._frames, self._world_updates.reject,
-                                         on_applied=lambda: None)
+        if self.config.perceives:
+            self._cameras = CameraInputs(self, self.world, self.config, self._frames, self._world_updates.reject)
         self._create_outputs_and_services()
         self._active = True
 
