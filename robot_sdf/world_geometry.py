@@ -37,8 +37,13 @@ class Geometry:
     """
 
     def __init__(self, key: bytes, vertices: np.ndarray, triangles: np.ndarray, device: torch.device,
-                 requested: SignMethod, name: str = ""):
+                 requested: SignMethod, name: str = "", oriented: bool = False):
+        """``oriented``: the caller vouches that the triangles bound solids (closed, wound
+        counter-clockwise seen from outside, not self-intersecting); ``requested`` is then
+        ``normal``, and the winding repair and the classification, which would find nothing to
+        do, are skipped (MeshWorld.add_mesh)."""
         self.key = key
+        self.oriented = bool(oriented)
         # Private read-only copies: the content key must keep describing what the BVH holds.
         self.vertices = np.array(vertices, dtype=np.float32, copy=True)
         self.vertices.setflags(write=False)
@@ -52,16 +57,20 @@ class Geometry:
         self.requested = requested
         self.classification: mesh_classification.MeshClass | None = None
         self.welded = mesh_topology.weld(self.vertices)
-        # Closed surfaces bound a solid whatever their winding: each edge-connected patch is
-        # oriented consistently, closed ones outward (mesh_orientation.orient_components), on this
-        # private copy, before the sign data and the classification see it.
         tri_in = np.asarray(triangles, np.int64)
-        facts = mesh_topology.surface_facts(centred.astype(np.float64), tri_in, self.welded[tri_in])
-        self.triangles, self.orientation = mesh_orientation.orient_components(centred, tri_in, self.welded, facts)
+        if self.oriented:
+            facts = None
+            self.triangles, self.orientation = np.array(triangles, np.int32, copy=True), None
+        else:
+            # Closed surfaces bound a solid whatever their winding: each edge-connected patch is
+            # oriented consistently, closed ones outward (mesh_orientation.orient_components), on
+            # this private copy, before the sign data and the classification see it.
+            facts = mesh_topology.surface_facts(centred.astype(np.float64), tri_in, self.welded[tri_in])
+            self.triangles, self.orientation = mesh_orientation.orient_components(centred, tri_in, self.welded, facts)
         self.triangles.setflags(write=False)
         # Rows reversed by the repair: the triangles as given are recoverable (same_triangles).
-        self.reversed_rows = np.flatnonzero(np.any(self.triangles != tri_in, axis=1)) if self.orientation.faces_reversed \
-            else np.zeros(0, np.int64)
+        self.reversed_rows = np.flatnonzero(np.any(self.triangles != tri_in, axis=1)) \
+            if self.orientation is not None and self.orientation.faces_reversed else np.zeros(0, np.int64)
         wdev = warp_device(device)
         self.points = wp.array(centred, dtype=wp.vec3, device=wdev)
         self.indices = wp.array(self.triangles.reshape(-1), dtype=wp.int32, device=wdev)
@@ -78,7 +87,7 @@ class Geometry:
         # classification: auto's choice; for ``normal``, whether the pseudo-normal sign is exact
         # at any distance (then the kernels search within r + eta first, as for auto's shells).
         classification = None
-        if requested in (SignMethod.AUTO, SignMethod.NORMAL):
+        if requested in (SignMethod.AUTO, SignMethod.NORMAL) and not self.oriented:
             def factory() -> wp.Mesh:
                 return wp.Mesh(points=self.points, indices=self.indices, velocities=self.velocities)
 
@@ -91,9 +100,9 @@ class Geometry:
         self.method = method
         self.winding_number = method == SignMethod.WINDING_NUMBER
         data[extra_row(ROW_MARKER), 1:] = (1.0 if self.winding_number else 0.0, float(int(method)))
-        # The classification proved the pseudo-normal sign exact (a refit rewrites the data
-        # without it).
-        self.closed_shell = classification is not None and classification.solid
+        # The classification proved the pseudo-normal sign exact, or the caller vouched for it
+        # (oriented); a refit rewrites the data without it.
+        self.closed_shell = self.oriented or (classification is not None and classification.solid)
         data[extra_row(ROW_AREA), 1] = 1.0 if self.closed_shell else 0.0
         # Kernels skip the mesh beyond this radius (+ the search bound): no surface is there and
         # no inside point (for winding_number on a surface that is not closed, that reaches
@@ -179,7 +188,9 @@ class Geometry:
         out = {"sign_method": self.method.name.lower(), "requested_sign_method": self.requested.name.lower(),
                "vertices": int(self.vertices.shape[0]), "triangles": int(self.triangles.shape[0]),
                "bounding_centre": self.centre.tolist(), "bounding_radius": self.radius,
-               "winding_number_support": self.winding_number, "orientation": self.orientation.as_dict()}
+               "winding_number_support": self.winding_number, "oriented": self.oriented,
+               # Trusted as given (oriented): no repair ran.
+               "orientation": None if self.orientation is None else self.orientation.as_dict()}
         if self.classification is not None:
             out["auto"] = self.classification.as_dict()
         if self.requested in (SignMethod.AUTO, SignMethod.NORMAL):
@@ -198,11 +209,13 @@ def _triangles_digest(triangles: np.ndarray) -> bytes:
     return hashlib.blake2b(np.ascontiguousarray(triangles, np.int32).tobytes(), digest_size=20).digest()
 
 
-def content_key(vertices: np.ndarray, triangles: np.ndarray | bytes, requested: SignMethod) -> bytes:
-    """Identity of a geometry: requested sign method, vertices and triangles (or the triangles'
-    _triangles_digest, which a geometry keeps: a refit then hashes its vertices only)."""
+def content_key(vertices: np.ndarray, triangles: np.ndarray | bytes, requested: SignMethod,
+                oriented: bool = False) -> bytes:
+    """Identity of a geometry: requested sign method, whether its orientation was vouched for
+    (Geometry's ``oriented``: built without the repair), vertices and triangles (or the
+    triangles' _triangles_digest, which a geometry keeps: a refit then hashes its vertices only)."""
     h = hashlib.blake2b(digest_size=20)
-    h.update(bytes([int(requested)]))
+    h.update(bytes([int(requested)]) if not oriented else bytes([int(requested), 1]))
     h.update(np.int64(vertices.shape[0]).tobytes())
     h.update(triangles if isinstance(triangles, bytes) else _triangles_digest(triangles))
     _hash_holding_gil(h, vertices.tobytes())

@@ -6,8 +6,10 @@ services) sees perceived geometry beside the meshes given to it, with no query p
     fusion.add_depth(depth, (fx, fy, cx, cy), camera_pose)   # (H, W) m; pose of the optical frame
     world.sphere_cost(spheres)                               # perceived obstacles included
 
-The surface is closed inside the workspace box (tsdf.surface_field_kernel), wound outward, so the
-exact pseudo-normal sign (``normal``) applies: a centre behind a seen surface, within the band the
+The surface is closed inside the workspace box (tsdf.surface_field_kernel), wound outward and free
+of self-intersections by construction, so it joins the world as an oriented mesh (MeshWorld.add_mesh
+oriented=True): the exact pseudo-normal sign (``normal``), without the winding repair and the
+classification that meshes from elsewhere need. A centre behind a seen surface, within the band the
 sensor saw, is inside, its cost growing with depth.
 """
 from __future__ import annotations
@@ -24,10 +26,9 @@ class DepthFusion:
     min_depth, max_depth) whose surface is the mesh ``name`` of ``world``'s environment ``env``,
     on the world's device."""
 
-    def __init__(self, world, lower, upper, name: str = PERCEIVED_MESH, env: int = 0, sign_method: str = "normal",
-                 **volume) -> None:
+    def __init__(self, world, lower, upper, name: str = PERCEIVED_MESH, env: int = 0, **volume) -> None:
         world.check_env(env)
-        self.world, self.name, self.env, self.sign_method = world, name, int(env), sign_method
+        self.world, self.name, self.env = world, name, int(env)
         self.volume = TsdfVolume(lower, upper, device=str(world.device), **volume)
         self.triangles = 0
 
@@ -51,8 +52,7 @@ class DepthFusion:
             if self.world.has_mesh(self.name, self.env):
                 return self.world.remove_mesh(self.name, self.env)
             return self.world.revision
-        return self.world.add_mesh(self.name, vertices, triangles, IDENTITY_POSE, self.env,
-                                   sign_method=self.sign_method)
+        return self.world.add_mesh(self.name, vertices, triangles, IDENTITY_POSE, self.env, oriented=True)
 
     def add_depth(self, depth, intrinsics, pose, exclude_spheres=None, exclude_padding: float = 0.0) -> int:
         """integrate, then update_world: a frame in, the world answering with it. Returns the revision."""
