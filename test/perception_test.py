@@ -247,3 +247,68 @@ def test_a_lidar_scan_carves_and_marks_along_its_rays():
     assert (sd[truth <= -0.03] < 0).mean() >= 0.95
     assert (sd[(truth > 0.01) & (truth < 0.05)] > 0).mean() >= 0.90
     assert (sd[truth >= 0.05] <= 0).mean() <= 0.001
+
+
+def _field_volume(field_of, unobserved: str = "free") -> TsdfVolume:
+    """A TsdfVolume over (-0.2, 0.2)^3 at 2 cm whose every node was seen with the value
+    field_of(points (N, 3) m) -> (N,), clamped to [-1, 1]: a field of known shape to mesh."""
+    volume = TsdfVolume((-0.2,) * 3, (0.2,) * 3, voxel_size=0.02, unobserved=unobserved)
+    axes = [volume.lower[a] + volume.voxel_size * np.arange(volume.shape[a]) for a in range(3)]
+    nodes = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
+    volume.values.assign(np.clip(field_of(nodes), -1.0, 1.0).reshape(volume.shape).astype(np.float32))
+    volume.weights.assign(np.ones(volume.shape, np.float32))
+    return volume
+
+
+@pytest.mark.parametrize("unobserved", ["free", "occupied"])
+def test_the_surface_is_closed_wound_outward_and_on_the_field_zero(unobserved):
+    """What DepthFusion vouches for when it adds the surface as an oriented mesh: every edge
+    used once in each direction (closed, consistently wound), winding number 1 inside and 0
+    outside (outward; brute-force reference), vertices on the field's zero level, for two
+    bodies (a sphere and a box) and the box's faces closing the surface (unobserved
+    'occupied': the seen free space is a body of its own)."""
+    truncation = 0.08
+    sphere_centre, radius = np.array([-0.07, 0.0, 0.0]), 0.08
+    box_centre, half = np.array([0.1, 0.0, 0.0]), np.array([0.05, 0.1, 0.06])
+
+    def sphere(p):
+        return np.linalg.norm(p - sphere_centre, axis=1) - radius
+
+    def box(p):
+        q = np.abs(p - box_centre) - half
+        return np.linalg.norm(np.maximum(q, 0.0), axis=1) + np.minimum(q.max(axis=1), 0.0)
+
+    volume = _field_volume(lambda p: np.minimum(sphere(p), box(p)) / truncation, unobserved)
+    vertices, triangles = volume.surface()
+    assert triangles.shape[0] > 500 and vertices.dtype == np.float32 and triangles.dtype == np.int32
+    directed = np.stack([triangles, np.roll(triangles, -1, axis=1)], -1).reshape(-1, 2).astype(np.int64)
+    keys = directed[:, 0] * len(vertices) + directed[:, 1]
+    twins = directed[:, 1] * len(vertices) + directed[:, 0]
+    assert np.unique(keys).size == keys.size and np.array_equal(np.sort(keys), np.sort(twins))
+    # On the zero level: within the linear interpolation's error of the sphere's curve (2 cm cells);
+    # apart from the box's faces, where 'occupied' closes the free space within the last cell.
+    bodies = vertices[np.abs(vertices).max(axis=1) < 0.17].astype(np.float64)
+    assert len(bodies) > 250
+    assert np.abs(np.minimum(sphere(bodies), box(bodies))).max() < 2e-3
+    rng = np.random.default_rng(3)
+    inside = np.concatenate([sphere_centre + rng.uniform(-0.04, 0.04, (50, 3)),
+                             box_centre + rng.uniform(-0.6, 0.6, (50, 3)) * half])
+    outside = rng.uniform(-0.18, 0.18, (400, 3))
+    outside = outside[np.minimum(sphere(outside), box(outside)) > 0.02]
+    # 'free': the bodies are enclosed (winding 1 in them, 0 around); 'occupied': the seen free
+    # space is, wound towards it (-1 there, 0 in the bodies, which its boundary surrounds too).
+    offset = 0.0 if unobserved == "free" else -1.0
+    np.testing.assert_allclose(ref.winding_number(inside, vertices, triangles), 1.0 + offset, atol=1e-6)
+    np.testing.assert_allclose(ref.winding_number(outside, vertices, triangles), offset, atol=1e-6)
+    # The world signs it as it is given (an oriented mesh): inside the bodies negative, around
+    # them positive, for both (the winding repair turned the 'occupied' surface inside out).
+    world = MeshWorld(device="cpu", max_distance=0.5)
+    world.add_mesh("perceived", vertices, triangles, oriented=True)
+    points = np.concatenate([inside, outside])
+    sd = world.signed_distance(torch.tensor(points, dtype=torch.float32), 0, 0.5)[0].numpy()
+    assert np.all(sd[:len(inside)] < 0.0) and np.all(sd[len(inside):] > 0.0)
+
+
+def test_an_empty_field_has_no_surface():
+    vertices, triangles = _field_volume(lambda p: np.ones(len(p))).surface()
+    assert vertices.shape == (0, 3) and triangles.shape == (0, 3)
