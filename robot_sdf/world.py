@@ -321,8 +321,8 @@ class MeshWorld:
         counter-clockwise seen from outside and not self-intersecting (a marching-cubes surface
         closed inside its box, as robot_sdf.perception makes). Such a mesh is signed by
         pseudo-normals (``normal``, exact there), and the repair and the classification, which
-        would find nothing to do, are skipped: they cost about 20 times the rest of the add (0.5 s
-        on 40k triangles). A mesh that breaks the promise gets wrong signs, silently.
+        would find nothing to do, are skipped (measured: 0.5 s of a 0.55 s add of a 40k-triangle
+        perceived surface). A mesh that breaks the promise gets wrong signs, silently.
         sign_method must then be None or ``normal``.
         Returns the new revision.
         """
