@@ -23,7 +23,7 @@ Cases (fwd+bwd, one thread, CPU):
   sphere mix (bench.scenes.mixed_spheres) at 1k and 20k spheres; MPPI-like rollouts
   (bench.scenes.mpc_rollouts in bench/real_bench.py's rollout_shape, through the scene box grown
   by ANYWHERE_MARGIN) swept (sweep_steps 4) and plain at about 1k and 20k spheres; each on
-  MeshWorld (sign method auto, its snapshot as the trailing argument inside ``reading()``) and on
+  MeshWorld (sign method auto, its snapshot passed inside ``reading()``) and on
   raw tensors (``wp.Mesh(points, indices, support_winding_number=True)`` per mesh,
   mesh_pose_inverse[..., 7] = 0, no trailing sign argument);
 - standard scene of bench/core_bench.py (bench.scenes.standard_meshes, MeshWorld with its sign
@@ -61,6 +61,10 @@ def _worker_main() -> int:
     import robot_sdf
     from robot_sdf import MeshWorld
     from robot_sdf.warp_primitives import SdfMeshWarpPy, SweptSdfMeshWarpPy
+
+    import inspect
+
+    SNAPSHOT_ARGUMENT = "snapshot" in inspect.signature(SdfMeshWarpPy.forward).parameters
 
     torch.set_num_threads(1)
     wp.config.quiet = True
@@ -133,11 +137,13 @@ def _worker_main() -> int:
                 with self.world.reading() as snap:
                     tensors = (snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh,
                                self.max_dist)
+                    # The snapshot by its own name where the checkout has one, else in the sign slot.
+                    tail = ("auto", None, snap) if SNAPSHOT_ARGUMENT else (snap,)
                     if self.swept:
                         c = SweptSdfMeshWarpPy.apply(*head, self.speed_dt, *tensors, SWEEP_STEPS, False, None,
-                                                     False, snap)
+                                                     False, *tail)
                     else:
-                        c = SdfMeshWarpPy.apply(*head, *tensors, None, False, False, snap)
+                        c = SdfMeshWarpPy.apply(*head, *tensors, None, False, False, *tail)
             c.sum().backward()
             return c
 

@@ -37,7 +37,7 @@ from bench.curobo_style import CuroboStyleRunner
 from bench.legacy_swept import legacy_swept_sphere_cost_kernel
 from robot_sdf import MeshWorld, SignMethod, adopt_meshes, kernels
 from robot_sdf.launch import descriptor as _as_warp, launch_kernel as _launch, warp_device
-from robot_sdf.warp_primitives import SdfMeshWarpPy, SweptSdfMeshWarpPy, launch_swept_sphere_cost
+from robot_sdf.warp_primitives import Query, SdfMeshWarpPy, SweptSdfMeshWarpPy
 from robot_sdf.world_args import constant_arguments
 
 wp.set_module_options({"enable_backward": False})
@@ -218,10 +218,9 @@ def swept_evaluations(runner: CostRunner, sweep_steps: int = SWEEP_STEPS) -> np.
     """Cost evaluations per sphere (b,h,n) of the current swept rule on the runner's trajectories."""
     s = runner.snap
     count = torch.zeros(runner.cost.shape, dtype=torch.int32, device=runner.world.device)
-    launch_swept_sphere_cost(runner.spheres, runner.cost, runner.grad, runner.sparsity, runner.weight, runner.eta,
-                             runner.speed_dt, s.mesh_idx, s.mesh_pose_inverse, s.mesh_enable, s.n_env_mesh,
-                             runner.max_dist, sweep_steps, compute_grad=False, sign_method=s.sign_method,
-                             out_evaluations=count)
+    Query(runner.weight, runner.eta, runner.max_dist, s.mesh_idx, s.mesh_pose_inverse, s.mesh_enable, s.n_env_mesh,
+          s.sign_method, speed_dt=runner.speed_dt, sweep_steps=sweep_steps, compute_grad=False,
+          outputs=(runner.cost, runner.grad, runner.sparsity)).swept(runner.spheres, None, count)
     return count.cpu().numpy()
 
 

@@ -97,6 +97,26 @@ if transforms_active is None:  # pragma: no cover - other torch versions
     transforms_active = _transforms_active_fallback
 
 
+def is_batched(t) -> bool:
+    """Whether ``t`` is a tensor vmap batches at the current level (torch.func)."""
+    check = getattr(getattr(torch._C, "_functorch", None), "is_batchedtensor", None)
+    return isinstance(t, torch.Tensor) and check is not None and bool(check(t))
+
+
+_functorch = getattr(torch._C, "_functorch", None) if TORCH_SHORTCUTS else None
+
+
+def unwrapped(t: torch.Tensor) -> torch.Tensor:
+    """The plain tensor under torch.func's wrappers of ``t`` (the memory a kernel may write): an
+    output buffer a caller made inside a transform reaches a Function's forward still wrapped,
+    unlike the Function's tensor arguments, which torch.func unwraps level by level."""
+    if _functorch is None:
+        return t
+    while _functorch.is_functorch_wrapped_tensor(t):
+        t = _functorch.get_unwrapped(t)
+    return t
+
+
 def may_need_gradient(t: torch.Tensor) -> bool:
     """Whether a derivative w.r.t. ``t`` may be asked for: it requires grad (ordinary autograd), a
     torch.func transform is active, or it carries a forward-mode tangent (forward_ad)."""

@@ -41,7 +41,8 @@ from robot_sdf.mesh_classification import classify
 from robot_sdf.mesh_orientation import orient_components
 from robot_sdf.mesh_topology import weld
 from robot_sdf.types import SignMethod
-from robot_sdf.launch import queued_work_events, warp_device
+from robot_sdf.cuda_streams import queued_work_events
+from robot_sdf.launch import warp_device
 from robot_sdf.snapshot_lifetime import graveyard
 
 # Sign methods under which a closed shell is evaluated through its twin (pseudo-normal sign).
@@ -158,7 +159,7 @@ def _defer_free(device) -> bool:
 
 def retire(device, mesh, arrays) -> None:
     """A twin dropped on CUDA: a kernel queued before (on any stream) may still read it. It is
-    freed once events on the streams robot_sdf launches on have passed (launch.queued_work_events;
+    freed once events on the streams robot_sdf launches on have passed (cuda_streams.queued_work_events;
     snapshot_lifetime's graveyard, checked on later launches and world changes: no host wait),
     or, where no such events can be recorded (a stream capturing a graph), at the next
     release_retired after a device synchronisation."""

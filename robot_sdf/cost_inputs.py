@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 
 from robot_sdf import _internals
+from robot_sdf.types import SignMethod
+from robot_sdf.warp_primitives import Query
 
 
 def prepare_spheres(world, spheres: torch.Tensor) -> torch.Tensor:
@@ -118,3 +120,19 @@ def speed_dt_tensor(world, speed_dt, enable_speed_metric):
     if enable_speed_metric and not (dt > 0.0):
         raise ValueError(f"speed_dt must be > 0 with the speed metric, got {speed_dt}")
     return constant(world.device, dt if dt > 0 else 1.0)
+
+
+def world_query(world, snap, activation_distance, weight, max_distance, *, sweep: tuple | None = None,
+                **options) -> Query:
+    """The warp_primitives.Query of an evaluation over ``snap``, a snapshot of ``world`` read
+    inside world.reading(): its tensors, per-slot sign methods and slot BVHs, the validated
+    scalars; ``sweep`` (sweep_steps, speed_dt, enable_speed_metric) for a swept one; ``options``
+    Query's keywords (esdf, compute_grad, outputs, reading)."""
+    w, eta, max_d = scalar_tensors(world, activation_distance, weight, max_distance)
+    if sweep is not None:
+        steps, speed_dt, metric = sweep
+        options.update(speed_dt=speed_dt_tensor(world, speed_dt, metric), sweep_steps=int(steps),
+                       speed_metric=bool(metric))
+    return Query(w, eta, max_d, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh,
+                 SignMethod.AUTO, snap, **options)
+

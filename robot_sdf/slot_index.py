@@ -34,7 +34,7 @@ import torch
 import warp as wp
 
 from robot_sdf import kernels
-from robot_sdf.launch import warp_torch_stream
+from robot_sdf.cuda_streams import warp_torch_stream
 from robot_sdf.snapshot_lifetime import graveyard
 
 # Below this many slots an environment keeps the plain per-slot loop.

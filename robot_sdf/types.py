@@ -68,9 +68,9 @@ class WorldSnapshot:
     revision:          world revision this view was taken at
     sign_method:       the world's default SignMethod (may be AUTO)
     sign_methods:      (n_env, m) uint8, the concrete SignMethod of each slot (what ``auto`` chose
-                       for its geometry, or the method the mesh was added with); pass it, or
-                       the snapshot itself (then with its world's slot BVHs, see slot_bvh), as
-                       the autograd Functions' trailing ``sign_method`` argument
+                       for its geometry, or the method the mesh was added with); the autograd
+                       Functions take it as ``sign_method``, or the snapshot itself as
+                       ``snapshot`` (then with its world's slot BVHs, see slot_bvh)
     """
 
     mesh_idx: torch.Tensor

@@ -22,7 +22,8 @@ import torch
 import warp as wp
 
 from robot_sdf import cost, geometry
-from robot_sdf.launch import init_warp, warp_device, warp_torch_stream
+from robot_sdf.cuda_streams import warp_torch_stream
+from robot_sdf.launch import init_warp, warp_device
 from robot_sdf.slot_index import SlotIndex
 from robot_sdf.snapshot_lifetime import Retention, StreamTracker, graveyard
 from robot_sdf.types import POSE_INVERSE_SIZE, SignMethod, WorldSnapshot

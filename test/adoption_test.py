@@ -15,7 +15,7 @@ import mesh_corpus
 import reference as ref
 from conftest import build_warp_env, supports_winding, warp_mesh
 from robot_sdf import adopt_meshes, adoption, snapshot_lifetime
-from robot_sdf.types import SignMethod
+from robot_sdf.types import SignMethod, WorldSnapshot
 from robot_sdf import launch
 from robot_sdf.launch import warp_device
 from robot_sdf.warp_primitives import SdfMeshWarpPy, SweptSdfMeshWarpPy
@@ -41,13 +41,16 @@ def _world(env) -> tuple:
 
 
 def _plain(spheres: np.ndarray, world: tuple, device: str, sign="auto", esdf=False):
-    """(cost, gradient, Hessian-vector product with a fixed direction) of SdfMeshWarpPy."""
+    """(cost, gradient, Hessian-vector product with a fixed direction) of SdfMeshWarpPy; ``sign``
+    a sign method, or the MeshWorld snapshot the world tensors come from."""
+    snapshot = sign if isinstance(sign, WorldSnapshot) else None
     x = torch.tensor(spheres, dtype=torch.float32, device=device).requires_grad_(not esdf)
     b, h, n = x.shape[:3]
     one, eta, md = _scalars(device)
     outs = (torch.zeros((b, h, n), device=device), torch.zeros((b, h, n, 4), device=device),
             torch.zeros((b, h, n), dtype=torch.uint8, device=device))
-    cost = SdfMeshWarpPy.apply(x, *outs, one, eta, *world, md, None, False, esdf, sign)
+    cost = SdfMeshWarpPy.apply(x, *outs, one, eta, *world, md, None, False, esdf,
+                               "auto" if snapshot is not None else sign, None, snapshot)
     if esdf:
         return cost.detach().cpu().numpy(), None, None
     grad, = torch.autograd.grad(cost.sum(), x, create_graph=True)
@@ -485,9 +488,9 @@ def test_twins_live_as_long_as_the_adopted_meshes(device):
         again, _, _ = _plain(spheres, world, device, codes)
         np.testing.assert_array_equal(again, first)
     del world, codes, adopted
-    world_args._last_set = None  # (not monkeypatch: it would keep the old value to restore)
+    world_args._last = None  # (not monkeypatch: it would keep the old value to restore)
     world_args._constant_sets.clear()
-    world_args._descriptor_cache.clear()
+    world_args._checks.clear()
     launch._launches.by_kernel.clear()  # this thread's recorded launches hold their last arguments
     gc.collect()
     # On CUDA dropped twins wait until the kernels queued before have run (adoption.retire).
@@ -529,7 +532,7 @@ def test_tensors_not_adopted_are_passed_as_they_are(device, monkeypatch):
     reads = []
     read = adoption.read_meshes
     monkeypatch.setattr(adoption, "read_meshes", lambda ids, dev: reads.append(len(ids)) or read(ids, dev))
-    args = world_args.constant_arguments(*_scalars(device), *_world(env), "auto", torch.device(device))
+    args = world_args.constant_arguments(_scalars(device), *_world(env), "auto", torch.device(device))
     assert args[3].mesh_idx.data == env.mesh_idx.data_ptr() and args[3].sign_method == int(SignMethod.AUTO)
     for _ in range(2):
         _plain(spheres, _world(env), device, esdf=True)

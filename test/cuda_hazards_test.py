@@ -18,7 +18,7 @@ import warp as wp
 
 import reference as ref
 from conftest import CUDA_USABLE
-from robot_sdf import MeshWorld, launch, snapshot_lifetime
+from robot_sdf import MeshWorld, cuda_streams, snapshot_lifetime
 
 pytestmark = pytest.mark.skipif(not CUDA_USABLE, reason="no CUDA device visible to both torch and Warp")
 DEVICE = "cuda:0"
@@ -108,4 +108,4 @@ def test_stream_cache_is_bounded_across_threads():
     for t in threads:
         t.join()
     assert not errors, errors[0]
-    assert len(launch._streams) <= launch.STREAM_CACHE_SIZE
+    assert len(cuda_streams._streams) <= cuda_streams.STREAM_CACHE_SIZE

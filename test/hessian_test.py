@@ -1,4 +1,4 @@
-"""robot_sdf.kernels.hessian: sphere_hessian_kernel (through warp_primitives.launch_sphere_hessian)
+"""robot_sdf.kernels.hessian: sphere_hessian_kernel (through warp_primitives.Query.hessian)
 against central differences of test/reference.py's gradient (float64), for the plain cost (both
 parts: c'' n n^T - c' H_sd) and the ESDF (-H_sd of the mesh attaining the maximum), on posed meshes
 whose closest features are faces, edges and corners, in a world with a slot BVH."""
@@ -11,7 +11,7 @@ import torch
 import mesh_corpus as corpus
 import reference as ref
 from robot_sdf import MeshWorld
-from robot_sdf.warp_primitives import launch_sphere_hessian
+from robot_sdf.warp_primitives import Query
 
 ETA, MAX_DIST, WEIGHT = 0.04, 0.08, 1.3
 H = 1e-5  # central-difference step (m)
@@ -61,10 +61,9 @@ def test_hessians_are_the_references_differences(scene, esdf):
     world, meshes = scene
     spheres = _spheres(np.random.default_rng(6 + esdf), meshes, 800)
     with world.reading() as snap:
-        hess = launch_sphere_hessian(torch.from_numpy(spheres), torch.tensor([WEIGHT]), torch.tensor([ETA]),
-                                     snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh,
-                                     torch.tensor([MAX_DIST]), None, esdf, snap.sign_methods,
-                                     snapshot=snap)[0, 0].numpy()
+        hess = Query(torch.tensor([WEIGHT]), torch.tensor([ETA]), torch.tensor([MAX_DIST]), snap.mesh_idx,
+                     snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, snap.sign_methods, snap,
+                     esdf=esdf).hessian(torch.from_numpy(spheres))[0, 0].numpy()
     fd = _reference_hessian(spheres, meshes, esdf, H)
     # Where a stencil crosses a region boundary or a medial axis, or a surface is nearer than it,
     # differences with two steps disagree: those points are left out. The larger step also leaves

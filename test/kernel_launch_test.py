@@ -17,7 +17,7 @@ import reference as ref
 from conftest import build_warp_env, scalar
 from robot_sdf import _internals, kernels, launch
 from robot_sdf.kernels.mesh_queries import CPU_SPHERES_PER_THREAD
-from robot_sdf.warp_primitives import launch_sphere_hessian
+from robot_sdf.warp_primitives import Query
 from swept_test import run_swept
 from warp_primitives_test import COST_ATOL, ETA, MAX_DIST, np_, random_spheres, run_cost, scene_meshes
 
@@ -29,9 +29,9 @@ def _evaluate(spheres: np.ndarray, wenv) -> tuple:
     """The three query kernels' outputs: plain cost, swept cost, Hessians."""
     _, cost, grad, sparsity = run_cost(spheres, wenv, "cpu")
     _, swept, swept_grad, _ = run_swept(spheres, wenv, "cpu", 2)
-    hessian = launch_sphere_hessian(torch.tensor(spheres, dtype=torch.float32), scalar(1.0, "cpu"), scalar(ETA, "cpu"), wenv.mesh_idx,
-                                    wenv.mesh_pose_inverse, wenv.mesh_enable, wenv.n_env_mesh,
-                                    scalar(MAX_DIST, "cpu"))
+    hessian = Query(scalar(1.0, "cpu"), scalar(ETA, "cpu"), scalar(MAX_DIST, "cpu"), wenv.mesh_idx,
+                    wenv.mesh_pose_inverse, wenv.mesh_enable, wenv.n_env_mesh).hessian(
+        torch.tensor(spheres, dtype=torch.float32))
     return tuple(t.detach().numpy().copy() for t in (cost, grad, sparsity, swept, swept_grad, hessian))
 
 

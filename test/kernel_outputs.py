@@ -28,8 +28,7 @@ import mesh_corpus  # noqa: E402
 import reference as ref  # noqa: E402
 from conftest import build_warp_env  # noqa: E402
 from robot_sdf import MeshWorld, adopt_meshes  # noqa: E402
-from robot_sdf.warp_primitives import (SdfMeshWarpPy, SweptSdfMeshWarpPy, launch_sphere_hessian,  # noqa: E402
-                                       sign_and_snapshot)
+from robot_sdf.warp_primitives import Query, SdfMeshWarpPy, SweptSdfMeshWarpPy  # noqa: E402
 
 ETA, MAX_DIST = 0.02, 0.1
 SPACING = 1.0  # m between the meshes' centres along x
@@ -71,26 +70,27 @@ def _outs(x):
     return (torch.zeros((b, h, n)), torch.zeros((b, h, n, 4)), torch.zeros((b, h, n), dtype=torch.uint8))
 
 
-def _tensors(world: tuple, spheres, trajs, sign, tag: str, results: dict) -> None:
+def _tensors(world: tuple, spheres, trajs, sign, tag: str, results: dict, snapshot=None) -> None:
     mesh_idx, pose_inv, enable, n_env = world
     one, eta, md, dt = (torch.ones(1), torch.full((1,), ETA), torch.full((1,), MAX_DIST), torch.full((1,), 0.1))
     env = torch.tensor([0, 1], dtype=torch.int32)
     for esdf in (False, True):
         x = torch.tensor(spheres, dtype=torch.float32).requires_grad_(True)
         outs = _outs(x)
-        cost = SdfMeshWarpPy.apply(x, *outs, one, eta, mesh_idx, pose_inv, enable, n_env, md, env, False, esdf, sign)
+        cost = SdfMeshWarpPy.apply(x, *outs, one, eta, mesh_idx, pose_inv, enable, n_env, md, env, False, esdf, sign,
+                                   None, snapshot)
         results[f"{tag}/plain/esdf{int(esdf)}/cost"] = cost.detach().numpy().copy()
         results[f"{tag}/plain/esdf{int(esdf)}/grad"] = outs[1].numpy().copy()
         results[f"{tag}/plain/esdf{int(esdf)}/sparsity"] = outs[2].numpy().copy()
-        hess = launch_sphere_hessian(x.detach(), one, eta, mesh_idx, pose_inv, enable, n_env, md, env, esdf,
-                                     *sign_and_snapshot(sign))
+        hess = Query(one, eta, md, mesh_idx, pose_inv, enable, n_env, sign, snapshot, esdf=esdf).hessian(
+            x.detach(), env)
         results[f"{tag}/hessian/esdf{int(esdf)}"] = hess.numpy().copy()
     for steps in (2, 4, 9):
         for speed in (False, True):
             x = torch.tensor(trajs, dtype=torch.float32).requires_grad_(True)
             outs = _outs(x)
             cost = SweptSdfMeshWarpPy.apply(x, *outs, one, eta, dt, mesh_idx, pose_inv, enable, n_env, md, steps,
-                                            speed, env, False, sign)
+                                            speed, env, False, sign, None, snapshot)
             (grad,) = torch.autograd.grad(cost.sum(), x)
             results[f"{tag}/swept/{steps}/{int(speed)}/cost"] = cost.detach().numpy().copy()
             results[f"{tag}/swept/{steps}/{int(speed)}/out_grad"] = outs[1].numpy().copy()
@@ -109,7 +109,7 @@ def run() -> dict:
         env_index = torch.tensor([0, 1])
         with world.reading() as snap:
             _tensors((snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh), spheres, trajs,
-                     snap, f"world_{method}", results)
+                     "auto", f"world_{method}", results, snap)
         cost, grad = world.evaluate_sphere_cost(s, ETA, 1.0, env_index, MAX_DIST)
         results[f"world_{method}/evaluate/cost"] = cost.numpy()
         results[f"world_{method}/evaluate/grad"] = grad.numpy()

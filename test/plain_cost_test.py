@@ -1,5 +1,5 @@
-"""robot_sdf.kernels.plain_cost: sphere_cost_kernel (through warp_primitives.launch_sphere_cost, its
-host wrapper) against test/reference.py on a world of posed meshes in two environments (one with a
+"""robot_sdf.kernels.plain_cost: sphere_cost_kernel (through warp_primitives.Query.cost, its
+host side) against test/reference.py on a world of posed meshes in two environments (one with a
 slot BVH), closed and open, deep centres included: the cost summed over meshes and its gradient,
 the ESDF (max of -sd, -max_dist where nothing is in range) and its gradient, spheres switched off,
 and outputs written in full whatever the buffers held."""
@@ -12,7 +12,7 @@ import torch
 import mesh_corpus as corpus
 import reference as ref
 from robot_sdf import MeshWorld
-from robot_sdf.warp_primitives import launch_sphere_cost
+from robot_sdf.warp_primitives import Query
 
 ETA, MAX_DIST, WEIGHT = 0.03, 0.03, 1.7
 GEOMETRIES = [corpus.capsule, lambda: ref.icosphere(0.12, 2), lambda: ref.box((0.2, 0.1, 0.15)), corpus.open_cup,
@@ -62,10 +62,10 @@ def _launch(world, spheres: np.ndarray, esdf: bool, compute_grad: bool = True):
     grad = torch.full((b, h, n, 4), float("nan"))
     sparsity = torch.full((b, h, n), 7, dtype=torch.uint8)
     with world.reading() as snap:
-        launch_sphere_cost(s, cost, grad, sparsity, torch.tensor([WEIGHT]), torch.tensor([ETA]), snap.mesh_idx,
-                           snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, torch.tensor([MAX_DIST]),
-                           torch.tensor([0, 1], dtype=torch.int32), esdf, compute_grad, snap.sign_methods,
-                           snapshot=snap)
+        Query(torch.tensor([WEIGHT]), torch.tensor([ETA]), torch.tensor([MAX_DIST]), snap.mesh_idx,
+              snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, snap.sign_methods, snap, esdf=esdf,
+              compute_grad=compute_grad, outputs=(cost, grad, sparsity)).cost(
+            s, torch.tensor([0, 1], dtype=torch.int32))
     return cost.numpy(), grad.numpy(), sparsity.numpy()
 
 

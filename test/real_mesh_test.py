@@ -137,7 +137,7 @@ class _Evaluator:
         if self.world is not None:
             with self.world.reading() as snap:
                 SdfMeshWarpPy.apply(*args, snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh,
-                                    md, None, False, esdf, snap)
+                                    md, None, False, esdf, snapshot=snap)
         else:
             SdfMeshWarpPy.apply(*args, *self.tensors, md, None, False, esdf, self.adopted.sign_methods)
         return (cost.reshape(-1).numpy().astype(np.float64), grad[..., :3].reshape(-1, 3).numpy().astype(np.float64))

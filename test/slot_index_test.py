@@ -10,7 +10,7 @@ import torch
 import reference as ref
 from robot_sdf import MeshWorld
 from robot_sdf import slot_index
-from robot_sdf.warp_primitives import launch_sphere_cost, launch_sphere_hessian, launch_swept_sphere_cost
+from robot_sdf.warp_primitives import Query
 
 ETA = 0.05
 MAX_DIST = 0.2
@@ -56,9 +56,8 @@ def _per_slot_cost(world: MeshWorld, spheres: torch.Tensor, env_index: torch.Ten
     grad = torch.empty((b, h, n, 4), device=spheres.device)
     sparsity = torch.zeros((b, h, n), dtype=torch.uint8, device=spheres.device)
     scalar = lambda x: torch.tensor([x], dtype=torch.float32, device=spheres.device)  # noqa: E731
-    launch_sphere_cost(spheres, cost, grad, sparsity, scalar(1.0), scalar(ETA), snap.mesh_idx, snap.mesh_pose_inverse,
-                       snap.mesh_enable, snap.n_env_mesh, scalar(MAX_DIST), env_index, compute_esdf=compute_esdf,
-                       compute_grad=True, sign_method=snap.sign_methods)
+    Query(scalar(1.0), scalar(ETA), scalar(MAX_DIST), snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable,
+          snap.n_env_mesh, snap.sign_methods, esdf=compute_esdf, outputs=(cost, grad, sparsity)).cost(spheres, env_index)
     return cost, grad[..., :3]
 
 
@@ -105,10 +104,9 @@ def _check_world(world: MeshWorld, refs, rng: np.random.Generator, device: str) 
     snap = world.snapshot()
     scalar = lambda x: torch.tensor([x], dtype=torch.float32, device=device)  # noqa: E731
     for esdf in (False, True):
-        hessians = [launch_sphere_hessian(spheres, scalar(1.0), scalar(ETA), snap.mesh_idx, snap.mesh_pose_inverse,
-                                          snap.mesh_enable, snap.n_env_mesh, scalar(MAX_DIST), env_index,
-                                          compute_esdf=esdf, sign_method=snap.sign_methods,
-                                          snapshot=snapshot).cpu().numpy()
+        hessians = [Query(scalar(1.0), scalar(ETA), scalar(MAX_DIST), snap.mesh_idx, snap.mesh_pose_inverse,
+                          snap.mesh_enable, snap.n_env_mesh, snap.sign_methods, snapshot,
+                          esdf=esdf).hessian(spheres, env_index).cpu().numpy()
                     for snapshot in (snap, None)]
         assert int((np.abs(hessians[1]).sum(axis=(-1, -2)) > 0).sum()) >= 20  # not trivially zero
         np.testing.assert_allclose(hessians[0], hessians[1], rtol=0, atol=1e-4)
@@ -123,9 +121,9 @@ def _check_world(world: MeshWorld, refs, rng: np.random.Generator, device: str) 
     g = torch.empty(traj.shape, device=device)
     sp = torch.zeros(traj.shape[:3], dtype=torch.uint8, device=device)
     scalar = lambda x: torch.tensor([x], dtype=torch.float32, device=device)  # noqa: E731
-    launch_swept_sphere_cost(traj, c, g, sp, scalar(1.0), scalar(ETA), scalar(0.1), snap.mesh_idx,
-                             snap.mesh_pose_inverse, snap.mesh_enable, snap.n_env_mesh, scalar(MAX_DIST), 3,
-                             False, env_index, compute_grad=True, sign_method=snap.sign_methods)
+    Query(scalar(1.0), scalar(ETA), scalar(MAX_DIST), snap.mesh_idx, snap.mesh_pose_inverse, snap.mesh_enable,
+          snap.n_env_mesh, snap.sign_methods, speed_dt=scalar(0.1), sweep_steps=3,
+          outputs=(c, g, sp)).swept(traj, env_index)
     assert int((c > 0).sum()) >= 5
     np.testing.assert_allclose(swept.cpu().numpy(), c.cpu().numpy(), rtol=0, atol=1e-6)
     np.testing.assert_allclose(swept_grad.cpu().numpy(), g[..., :3].cpu().numpy(), rtol=0, atol=1e-5)
@@ -204,9 +202,8 @@ def test_stale_snapshot_falls_back_to_the_loop(device):
     grad = torch.empty((b, h, n, 4), device=device)
     sp = torch.zeros((b, h, n), dtype=torch.uint8, device=device)
     scalar = lambda x: torch.tensor([x], dtype=torch.float32, device=device)  # noqa: E731
-    launch_sphere_cost(spheres, cost, grad, sp, scalar(1.0), scalar(ETA), old.mesh_idx, old.mesh_pose_inverse,
-                       old.mesh_enable, old.n_env_mesh, scalar(MAX_DIST), env_index, sign_method=old.sign_methods,
-                       snapshot=old)
+    Query(scalar(1.0), scalar(ETA), scalar(MAX_DIST), old.mesh_idx, old.mesh_pose_inverse, old.mesh_enable,
+          old.n_env_mesh, old.sign_methods, old, outputs=(cost, grad, sp)).cost(spheres, env_index)
     assert int((before > 0).sum()) > 0
     np.testing.assert_allclose(cost.cpu().numpy(), before.cpu().numpy(), rtol=0, atol=0)
 

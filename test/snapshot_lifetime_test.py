@@ -94,15 +94,15 @@ class _Capture:
 
 @pytest.fixture
 def fake_streams(monkeypatch, fake_cuda):
-    from robot_sdf import launch
+    from robot_sdf import cuda_streams
 
     state = {"in": None, "capturing": set()}
     monkeypatch.setattr(torch.cuda, "ExternalStream", lambda handle, device=None: _Stream(handle))
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: _Capture(state, stream))
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing",
                         lambda: state["in"] is not None and state["in"].cuda_stream in state["capturing"])
-    monkeypatch.setattr(launch, "_streams", {(0, 11): object(), (0, 12): object(), (1, 13): object()})
-    monkeypatch.setattr(launch, "_evicted_events", [])
+    monkeypatch.setattr(cuda_streams, "_streams", {(0, 11): object(), (0, 12): object(), (1, 13): object()})
+    monkeypatch.setattr(cuda_streams, "_evicted_events", [])
     fake_cuda["current"] = _Stream(7)
     return state
 
@@ -111,17 +111,17 @@ def test_queued_work_events_cover_every_stream_robot_sdf_launched_on(fake_stream
     """One event per stream of the device that robot_sdf launched on, torch's current one too, and
     the pending events of streams that left the cache; none of another device's streams; None
     while one of them captures a graph."""
-    from robot_sdf import launch
+    from robot_sdf import cuda_streams
 
     left, done = _Event(), _Event()
     done.done = True
-    launch._evicted_events.extend([(0, left), (0, done), (1, _Event())])
-    events = launch.queued_work_events(torch.device("cuda", 0))
+    cuda_streams._evicted_events.extend([(0, left), (0, done), (1, _Event())])
+    events = cuda_streams.queued_work_events(torch.device("cuda", 0))
     recorded = sorted(e.stream.cuda_stream for e in events if hasattr(e, "stream"))
     assert recorded == [7, 11, 12] and left in events and done not in events and len(events) == 4
-    assert [e for _, e in launch._evicted_events if e is done] == []  # completed ones are let go
+    assert [e for _, e in cuda_streams._evicted_events if e is done] == []  # completed ones are let go
     fake_streams["capturing"].add(12)
-    assert launch.queued_work_events(torch.device("cuda", 0)) is None
+    assert cuda_streams.queued_work_events(torch.device("cuda", 0)) is None
 
 
 def test_a_dropped_twin_waits_for_the_queued_work(monkeypatch, fake_cuda):

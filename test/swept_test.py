@@ -17,7 +17,7 @@ import reference as ref
 from conftest import assert_kernels_agree, build_warp_env, scalar
 from mesh_corpus import open_bowl
 from robot_sdf.types import SignMethod
-from robot_sdf.warp_primitives import SdfMeshWarpPy, SweptSdfMeshWarpPy, launch_swept_sphere_cost
+from robot_sdf.warp_primitives import Query, SdfMeshWarpPy, SweptSdfMeshWarpPy
 
 ETA = 0.04
 MAX_DIST = 0.5
@@ -82,12 +82,10 @@ def evaluations(spheres: np.ndarray, wenv, device: str, sweep_steps: int, eta: f
     qs = torch.tensor(spheres, dtype=torch.float32, device=device)
     b, h, n = qs.shape[:3]
     count = torch.full((b, h, n), -1, dtype=torch.int32, device=device)
-    launch_swept_sphere_cost(
-        qs, torch.empty((b, h, n), device=device), torch.empty((b, h, n, 4), device=device),
-        torch.empty((b, h, n), dtype=torch.uint8, device=device), scalar(1.0, device), scalar(eta, device),
-        scalar(0.1, device), wenv.mesh_idx, wenv.mesh_pose_inverse, wenv.mesh_enable, wenv.n_env_mesh,
-        scalar(max_dist, device), sweep_steps, compute_grad=False, out_evaluations=count,
-        **({} if getattr(wenv, "sign_methods", None) is None else {"sign_method": wenv.sign_methods}))
+    signs = getattr(wenv, "sign_methods", None)
+    Query(scalar(1.0, device), scalar(eta, device), scalar(max_dist, device), wenv.mesh_idx, wenv.mesh_pose_inverse,
+          wenv.mesh_enable, wenv.n_env_mesh, "auto" if signs is None else signs, speed_dt=scalar(0.1, device),
+          sweep_steps=sweep_steps, compute_grad=False).swept(qs, None, count)
     return count.cpu().numpy()
 
 

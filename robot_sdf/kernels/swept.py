@@ -212,7 +212,7 @@ def swept_sphere_cost_kernel(
     Partials (world frame, scaled by weight; written only when compute_grad): a sample at
     fraction s with weight w and cost gradient g adds w (1 - s) g to d cost_t / d p[t] and w s g
     to the partial towards its neighbour step. out_partials (3 * total) holds them by the step they
-    are taken at (robot_sdf.warp_primitives.SweptPartials: row k of sphere i, at k * total + i,
+    are taken at (robot_sdf.warp_primitives.Query.swept: row k of sphere i, at k * total + i,
     is d cost of step(i) - 1 + k / d p of sphere i, radius component 0): each sphere's step writes
     its own row 1, row 2 of its previous step and row 0 of its next one, and at the trajectory's ends the
     row that no neighbour writes (0). With the speed metric applied to a step, its whole (CHOMP)
