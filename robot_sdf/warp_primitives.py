@@ -104,8 +104,9 @@ class Query:
                       [cost, grad, sparsity], data.device, self.snapshot)
         if self.outputs is None:
             return cost, grad
-        _copy_back(copy_back)
-        return _internals.unwrapped(self.outputs[0]), _internals.unwrapped(self.outputs[1])
+        for target, written in copy_back:
+            target.copy_(written)
+        return self.outputs[0], self.outputs[1]
 
     def swept(self, spheres: torch.Tensor, env=None, out_evaluations: torch.Tensor | None = None) -> tuple:
         """(cost (b,h,n), partials (3,b,h,n,4) or None unless compute_grad) of trajectories (b,h,n,4)
@@ -134,8 +135,9 @@ class Query:
                 torch.add(partials[0], partials[1], out=grad).add_(partials[2])
             else:
                 grad.zero_()
-            _copy_back(copy_back)
-            cost = _internals.unwrapped(self.outputs[0])
+            for target, written in copy_back:
+                target.copy_(written)
+            cost = self.outputs[0]
         return cost, (partials if self.compute_grad else None)
 
     def hessian(self, spheres: torch.Tensor, env=None) -> torch.Tensor:
@@ -162,7 +164,7 @@ class Query:
 def _launch_buffers(outputs: tuple, shape: tuple, device: torch.device) -> tuple:
     """The caller's (out_cost, out_grad, sparsity_idx) after checks, as contiguous buffers of the
     kernels' dtypes (stand-ins where the caller's are not), and the (target, stand-in) pairs."""
-    out_cost, out_grad, sparsity_idx = map(_internals.unwrapped, outputs)
+    out_cost, out_grad, sparsity_idx = outputs
     for name, t, want in (("out_cost", out_cost, shape), ("out_grad", out_grad, shape + (4,)),
                           ("sparsity_idx", sparsity_idx, shape)):
         if t.shape != want:
@@ -179,11 +181,6 @@ def _launch_buffers(outputs: tuple, shape: tuple, device: torch.device) -> tuple
             buffers.append(torch.empty(t.shape, dtype=dtype, device=device))
             copy_back.append((t, buffers[-1]))
     return tuple(buffers), tuple(copy_back)
-
-
-def _copy_back(pairs: tuple) -> None:
-    for target, written in pairs:
-        target.copy_(written)
 
 
 # --- derivatives shared by the Functions and robot_sdf.ops' custom ops
@@ -419,12 +416,11 @@ swept_cost_apply = _internals.direct_apply(SweptCost)
 _QUERY_TENSORS = ("weight", "activation_distance", "max_dist", "speed_dt")
 
 
-def _unwrapped_world(query: Query) -> Query:
-    """Under torch.func: the query's tensors unwrapped to the memory the kernels read (derivatives
-    are taken w.r.t. the spheres only), after refusing one a vmap batches: the world is shared by
+def _unwrapped(query: Query) -> Query:
+    """The query of a call under torch.func, its tensors unwrapped to the memory the kernels read
+    and write (derivatives are taken w.r.t. the spheres only; the Functions' own tensor arguments
+    torch.func unwraps level by level), after refusing one a vmap batches: the world is shared by
     every sample."""
-    if not _internals.transforms_active():
-        return query
     named = list(zip(_QUERY_TENSORS, query.scalars)) \
         + list(zip(("mesh_idx", "mesh_pose_inverse", "mesh_enable", "n_env_mesh"), query.world)) \
         + [("sign_method", query.sign_method)]
@@ -435,6 +431,8 @@ def _unwrapped_world(query: Query) -> Query:
     unwrap = lambda t: _internals.unwrapped(t) if isinstance(t, torch.Tensor) else t  # noqa: E731
     query.scalars, query.world = tuple(map(unwrap, query.scalars)), tuple(map(unwrap, query.world))
     query.sign_method = unwrap(query.sign_method)
+    if query.outputs is not None:
+        query.outputs = tuple(map(unwrap, query.outputs))
     return query
 
 
@@ -458,7 +456,9 @@ class SdfMeshWarpPy(torch.autograd.Function):
         query = Query(a[4], a[5], a[10], a[6], a[7], a[8], a[9], a[14], a[16], esdf=a[13],
                       compute_grad=_internals.may_need_gradient(a[0]) if a[15] is None else a[15],
                       outputs=(a[1], a[2], a[3]))
-        return sphere_cost_apply(a[0], a[11], _unwrapped_world(query))[0]
+        if _internals.transforms_active():
+            query = _unwrapped(query)
+        return sphere_cost_apply(a[0], a[11], query)[0]
 
 
 class SweptSdfMeshWarpPy(torch.autograd.Function):
@@ -483,4 +483,6 @@ class SweptSdfMeshWarpPy(torch.autograd.Function):
         query = Query(a[4], a[5], a[11], a[7], a[8], a[9], a[10], a[16], a[18], speed_dt=a[6], sweep_steps=a[12],
                       speed_metric=a[13], compute_grad=_internals.may_need_gradient(a[0]) if a[17] is None else a[17],
                       outputs=(a[1], a[2], a[3]))
-        return swept_cost_apply(a[0], a[14], _unwrapped_world(query))[0]
+        if _internals.transforms_active():
+            query = _unwrapped(query)
+        return swept_cost_apply(a[0], a[14], query)[0]

@@ -273,7 +273,8 @@ def env_tensor(env_query_idx, batch: int, device: torch.device) -> tuple[torch.T
     """(contiguous (batch,) int32 tensor on ``device``, 1) for env_query_idx, or (an unused
     one-element tensor, 0) for None."""
     if env_query_idx is None:
-        return unused_tensor("env", device, (1,), torch.int32), 0
+        unused = _unused.get(("env", device))
+        return (unused_tensor("env", device, (1,), torch.int32) if unused is None else unused), 0
     env = env_query_idx.reshape(-1)
     if env.shape[0] != batch:
         raise ValueError(f"env_query_idx must have one entry per batch row ({batch}), got {env.shape[0]}")
