@@ -9,6 +9,8 @@
 #   make colcon       build the ROS 2 workspace build/colcon_ws-<venv name> (both packages) with colcon
 #   make demo         run the demo (robot_sdf.examples.demo)
 #   make arm-demo     run the arm demo (robot_sdf.examples.arm_demo: Franka Panda, gradient MPC) into arm_out/
+#   make perception-demo  a simulated depth camera is all sdf_server knows; the Panda's MPC avoids a box only
+#                     the camera sees (robot_sdf.examples.perception_demo) into perception_out/
 #   make bench        install the benchmark extras and run the benchmarks (python -m bench)
 #   make soak         load + fault + memory checks of a real node (bench/soak.py; not in `make test`)
 #                     SOAK_DURATION=<s> (default 60) sets the load phase, SOAK_ARGS passes more options
@@ -72,7 +74,7 @@ IFACE_STAMP := $(VENV)/.robot_sdf-interfaces-stamp
 STAMP := $(VENV)/.robot_sdf-stamp
 BENCH_STAMP := $(VENV)/.robot_sdf-bench-stamp
 
-.PHONY: venv test test-ros test-warp-oldest colcon demo arm-demo bench soak interfaces clean distclean
+.PHONY: venv test test-ros test-warp-oldest colcon demo arm-demo perception-demo bench soak interfaces clean distclean
 
 venv: $(STAMP)
 
@@ -169,6 +171,9 @@ demo: venv
 arm-demo: venv
 	$(PY) -m robot_sdf.examples.arm_demo $(ARM_DEMO_ARGS)
 
+perception-demo: venv
+	$(PY) -m robot_sdf.examples.perception_demo $(PERCEPTION_DEMO_ARGS)
+
 $(BENCH_STAMP): $(STAMP) requirements-bench.txt
 	@echo "[setup] installing benchmark extras (open3d-cpu) ..."
 	$(PIP) install -r requirements-bench.txt
@@ -186,7 +191,7 @@ interfaces:
 	$(MAKE) venv
 
 clean:
-	rm -rf $(IFACE_DIR)/build build install log dist .pytest_cache demo_out arm_out bench_out
+	rm -rf $(IFACE_DIR)/build build install log dist .pytest_cache demo_out arm_out perception_out bench_out
 	rm -rf *.egg-info
 	find . -path ./$(VENV) -prune -o -path './.venv*' -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
 

@@ -995,7 +995,8 @@ def tables() -> dict[str, Callable[..., None]]:
 
     parts = (world_updates, call_overhead, standard_table, raw_mesh_table, real_bench.real_mesh_table,
              kernel_sets.kernel_sets, sphere_scaling, triangle_scaling, mppi_batch, sign_methods, swept_table,
-             perception_free_space, perception_bench.perception_fusion, far_obstacles)
+             perception_free_space, perception_bench.perception_fusion, perception_bench.perception_node,
+             far_obstacles)
     return {part.__name__: part for part in parts}
 
 

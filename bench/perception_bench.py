@@ -10,6 +10,10 @@ meshes (MeshWorld of the true meshes with its exact sign). Speed, per frame, med
 views after one warm-up: robot_sdf's integrate, its surface + world update (the frame to a world
 that answers), and Open3D's ScalableTSDFVolume integrate and mesh extraction on the same frames,
 at 320x240 and 640x480 with 2 cm and 1 cm voxels; and a 30,000-point lidar scan.
+
+``perception_node``: the perception demo's camera streamed into a real sdf_server (15 Hz): the
+node's own stamp -> world answering latency, fusion time, frames fused, its RSS; ``python -m
+bench.perception_bench --rate 30 --duration 600`` runs it alone, for as long as asked.
 """
 from __future__ import annotations
 
@@ -205,3 +209,99 @@ def perception_fusion(b) -> None:
     emit(f"Medians over {count - 1} frames after one; workspace 1.6 x 1.6 x 0.7 m, dense grid (robot_sdf) against "
          "Open3D's hashed blocks. Goals on the 2-core CPU: 640x480 at 2 cm <= 50 ms, 320x240 <= 25 ms, "
          "a 30k-point scan <= 30 ms.")
+
+
+def _rss_mb(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return float(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def stream_through_node(device: str, rate_hz: float, duration_s: float) -> dict:
+    """The perception demo's camera (its box sliding on the wall clock) streamed at ``rate_hz`` for
+    ``duration_s`` into a real sdf_server (the demo's parameters); the node's own figures
+    (/diagnostics: frames fused, stamp -> world answering, fusion time) and its RSS once the
+    first frame was fused and at the end."""
+    import tempfile
+    from pathlib import Path
+
+    from robot_sdf.examples import perception_scene as scene
+    from robot_sdf.examples.depth_stream import DepthStream, NodeDiagnostics, fuse_first_frame
+    from robot_sdf.examples.perception_demo import start_node
+    from robot_sdf.ros.client import SdfClient
+
+    parts = scene.static_parts()
+    camera_scene = scene.DepthCameraScene.build(parts)
+    rng = np.random.default_rng(0)
+    start_s = time.time()
+    with tempfile.TemporaryDirectory(prefix="robot_sdf_perception_") as tmp:
+        node = start_node(Path(tmp), device, 90.0)
+        client = stream = None
+        try:
+            client = SdfClient(server="/sdf_server", timeout_s=30.0)
+            client.wait_for_services(30.0)
+            diagnostics = NodeDiagnostics(client.node)
+            stream = DepthStream(client.node, camera_scene.camera,
+                                 lambda ns: camera_scene.frame(ns * 1e-9 - start_s, rng), scene.CAMERA_FRAME, rate_hz)
+            stream.wait_for_node(30.0)
+            fuse_first_frame(stream, lambda: int(client.signed_distance(torch.zeros((1, 3))).world_revision))
+            rss_start = _rss_mb(node.proc.pid)
+            stream.start()
+            stream_started = time.monotonic()
+            time.sleep(duration_s)  # the stream runs on its own thread
+            streamed_s = time.monotonic() - stream_started
+            stream.stop()
+            rss_end = _rss_mb(node.proc.pid)
+            values = diagnostics.after(time.time_ns() + 1_500_000_000)  # the queued frames fused by then
+        finally:
+            if stream is not None:
+                stream.stop()
+            if client is not None:
+                client.close()
+            node.stop()
+    return {"published": stream.published, "streamed_s": streamed_s, "late": stream.late, "values": values,
+            "rss_start_mb": rss_start, "rss_end_mb": rss_end}
+
+
+def perception_node(b, rate_hz: float = 15.0, duration_s: float | None = None) -> None:
+    """Latency through the node (module docstring of robot_sdf.examples.depth_stream)."""
+    duration_s = duration_s or (8.0 if b.quick else 30.0)
+    section(f"Depth frames through a real sdf_server at {rate_hz:g} Hz for {duration_s:.0f} s (device {b.device}, "
+            f"{cpu_model() if b.device == 'cpu' else b.device}): the perception demo's camera, 320x240, 2 cm voxels")
+    r = stream_through_node(b.device, rate_hz, duration_s)
+    v = r["values"]
+    emit(table(["frames published / fused", "stamp -> world answering p50 / p99 / max ms",
+                "fusion (integrate, surface, world update) p50 / p99 ms", "node RSS first frame -> end MB"],
+               [[f"{r['published']} / {v.get('perception_frames_fused')}",
+                 f"{float(v['perception_stamp_to_world_p50_ms']):.0f} / {float(v['perception_stamp_to_world_p99_ms']):.0f}"
+                 f" / {float(v['perception_stamp_to_world_max_ms']):.0f}",
+                 f"{float(v['perception_fuse_p50_ms']):.0f} / {float(v['perception_fuse_p99_ms']):.0f}",
+                 f"{r['rss_start_mb']:.0f} -> {r['rss_end_mb']:.0f}"]]))
+    emit(f"The node's own figures (its /diagnostics, every frame it fused; the first frame, which loads the kernels, "
+         f"included); it keeps only the newest frame of a camera (queue depth 1) and drops the others when behind. "
+         f"{r['late']} frames left the publisher late.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.perception_bench --rate 30 --duration 600``: the node table alone, e.g. a
+    long stream for the node's RSS."""
+    import argparse
+
+    from bench import machine_description
+    from bench.__main__ import _private_ros_env
+    from bench.core_bench import Bench
+
+    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=15.0, help="frames per second (default 15)")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of stream (default 30)")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    _private_ros_env()
+    emit(table(["machine", ""], machine_description(args.device)))
+    perception_node(Bench(args.device, False), args.rate, args.duration)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

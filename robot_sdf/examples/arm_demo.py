@@ -76,7 +76,7 @@ class ArmScene:
         return poses
 
 
-class _SummedGradientCost(torch.autograd.Function):
+class SummedGradientCost(torch.autograd.Function):
     """world.evaluate_swept_sphere_cost as an autograd Function with the remote Function's
     backward (grad_output * the gradient of the summed cost). The controller differentiates
     cost.sum(), where this is exact (as world.swept_sphere_cost's chain rule is); the arithmetic
@@ -99,7 +99,7 @@ class _SummedGradientCost(torch.autograd.Function):
 
 
 class InProcessCosts:
-    """The swept cost of a MeshWorld built with the node's parameters (see _SummedGradientCost)."""
+    """The swept cost of a MeshWorld built with the node's parameters (see SummedGradientCost)."""
 
     def __init__(self, scene: ArmScene, params: dict[str, Any], config: ArmMpcConfig) -> None:
         from robot_sdf import MeshWorld
@@ -114,7 +114,7 @@ class InProcessCosts:
         self.config = config
 
     def collision(self, spheres: torch.Tensor) -> torch.Tensor:
-        return _SummedGradientCost.apply(spheres, self.world, self.config)
+        return SummedGradientCost.apply(spheres, self.world, self.config)
 
     def move(self, obstacle_id: str, pose: np.ndarray) -> None:
         self.world.set_pose(obstacle_id, pose)

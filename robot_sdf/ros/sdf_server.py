@@ -507,7 +507,8 @@ class SdfServer(Node):
             details = {**self._world_updates.diagnostics(),
                        "state_saves": str(self._saver.saves if self._saver is not None else 0),
                        "heap_trims": str(self._trim.trims),
-                       "heap_trim_revision": str(-1 if self._trim.last_mark is None else self._trim.last_mark)}
+                       "heap_trim_revision": str(-1 if self._trim.last_mark is None else self._trim.last_mark),
+                       **(self._cameras.diagnostics() if self._cameras is not None else {})}
             status = diagnostic_status(f"{self.get_fully_qualified_name().lstrip('/')}: mesh world", self.world,
                                        self.config, self._stats, self._health, self._world_updates.rejected, details)
             msg = DiagnosticArray(status=[status])
