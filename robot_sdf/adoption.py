@@ -35,10 +35,9 @@ import numpy as np
 import torch
 import warp as wp
 
-from robot_sdf import face_winding, mesh_analysis
-from robot_sdf.kernels.sign_data import ROW_AREA, extra_row, sign_data_offset
-from robot_sdf.mesh_classification import classify
-from robot_sdf.mesh_orientation import orient_components
+from robot_sdf import mesh_analysis
+from robot_sdf.kernels.sign_data import sign_data_offset
+from robot_sdf.mesh_build import MeshBuild, build_mesh, finish_mesh
 from robot_sdf.mesh_topology import weld
 from robot_sdf.types import SignMethod
 from robot_sdf.cuda_streams import queued_work_events
@@ -74,45 +73,32 @@ class Twin:
     (estimate), or the host copies kept to build it."""
 
     def __init__(self, points: np.ndarray, triangles: np.ndarray, welded: np.ndarray, device) -> None:
-        self.device = device
+        """``points`` (V,3) float32 in the caller's frame, ``triangles`` (T,3) int32 as given,
+        ``welded`` mesh_topology.weld of the points, ``device`` a Warp device."""
         self.mesh: wp.Mesh | None = None
         self._arrays: tuple = ()
-        self._source: tuple | None = None
         self._build_lock = threading.Lock()
-        arrays: list = []
-
-        def shell() -> wp.Mesh:
-            # Only for meshes that passed the topology checks (closed, consistently oriented,
-            # positive volume): their pseudo-normals are the exact sign if no self-intersection or
-            # nesting turns up, and the mesh is only kept then.
-            data = mesh_analysis.sign_data(points, triangles, False, SignMethod.NORMAL, welded=welded)
-            data[extra_row(ROW_AREA), 1] = 1.0  # the boundary of a solid (sign_data: is_solid)
-            arrays[:] = self._device_arrays(points, triangles, data)
-            return wp.Mesh(points=arrays[0], indices=arrays[1], velocities=arrays[2])
-
-        verdict, mesh = classify(points, triangles, welded, shell)
-        self.closed_shell = verdict.solid and mesh is not None
-        topology = None if self.closed_shell else mesh_analysis.sign_topology(triangles, welded, points)
-        self.winding = topology is not None and topology.balanced
-        self.nbytes = 0
-        if self.closed_shell:
-            self._keep(mesh, tuple(arrays))
-        else:
-            self._source = (points, triangles, topology)  # the twin's sign data reuses the topology
+        # A solid's boundary as given needs no repair (orient_solids=False); every solid gets the
+        # pseudo-normal twin, any other surface a winding-number twin, built at its first use.
+        self._build: MeshBuild | None = build_mesh(points, triangles, welded, SignMethod.AUTO, device,
+                                                   orient_solids=False, solids_by_normal=True,
+                                                   defer_winding=True)
+        self.closed_shell = self._build.closed_shell
+        self.winding = not self.closed_shell and self._build.topology.balanced
+        if self._build.mesh is not None:
+            self._keep()
+        else:  # host copies kept to build the twin: the points and the topology its sign data reuses
+            topology = self._build.topology
             self.nbytes = points.nbytes + sum(a.nbytes for a in (topology.triangles, topology.welded,
                                                                  topology.welded_corner, topology.edge_of_corner))
 
-    def _device_arrays(self, points: np.ndarray, triangles: np.ndarray, data: np.ndarray) -> tuple:
-        return (wp.array(points, dtype=wp.vec3, device=self.device),
-                wp.array(triangles.reshape(-1), dtype=wp.int32, device=self.device),
-                wp.array(data, dtype=wp.vec3, device=self.device))
-
-    def _keep(self, mesh: wp.Mesh, arrays: tuple) -> None:
-        self._arrays = arrays  # points, indices, sign data: the mesh reads them
-        self.mesh = mesh
-        n_points, n_indices = arrays[0].shape[0], arrays[1].shape[0]
+    def _keep(self) -> None:
+        build, self._build = self._build, None
+        self._arrays = build.arrays  # points, indices, sign data: the mesh reads them
+        self.mesh = build.mesh
+        n_points, n_indices = build.arrays[0].shape[0], build.arrays[1].shape[0]
         # Points and sign data (12 B per row), indices, and about two BVH nodes of 32 B per triangle.
-        self.nbytes = 12 * (n_points + arrays[2].shape[0]) + 4 * n_indices + 64 * (n_indices // 3)
+        self.nbytes = 12 * (n_points + build.arrays[2].shape[0]) + 4 * n_indices + 64 * (n_indices // 3)
 
     @property
     def twin_id(self) -> int:
@@ -121,19 +107,12 @@ class Twin:
         if self.mesh is None:
             with self._build_lock:
                 if self.mesh is None:
-                    points, triangles, topology = self._source
-                    data = mesh_analysis.sign_data(points, triangles, True, SignMethod.WINDING_NUMBER,
-                                                   topology=topology)
-                    arrays = self._device_arrays(points, triangles, data)
-                    mesh = wp.Mesh(points=arrays[0], indices=arrays[1], velocities=arrays[2],
-                                   support_winding_number=True)
-                    face_winding.write_face_rows(mesh, arrays[2], points, topology)
-                    if not self.device.is_cpu:
+                    finish_mesh(self._build)
+                    if not self._build.device.is_cpu:
                         # The BVH is built on Warp's stream, the kernels run on torch's: wait
                         # (the shells' BVH is waited for by the self-intersection count).
-                        wp.synchronize_device(self.device)
-                    self._keep(mesh, arrays)
-                    self._source = None
+                        wp.synchronize_device(self._build.device)
+                    self._keep()
         return int(np.uint64(self.mesh.id).astype(np.int64))
 
     def __del__(self) -> None:
@@ -196,20 +175,13 @@ def _valid_triangles(points: np.ndarray, indices: np.ndarray) -> bool:
 def analyse(points: np.ndarray, indices: np.ndarray, device) -> Twin | None:
     """The Twin of a mesh's points (V, 3) float32 and flat indices (3T,) int32 on Warp
     ``device``, or None for anything that is not a valid triangle list (it keeps Warp's sign and
-    the full search). Patches are oriented first, as MeshWorld orients the meshes it is given, so
+    the full search). The twin is built as MeshWorld builds its meshes (mesh_build.build_mesh), so
     a mesh evaluates the same through its twin as through a MeshWorld under the same method."""
     points = np.ascontiguousarray(points, np.float32)
     indices = np.ascontiguousarray(indices, np.int32).reshape(-1)
     if not _valid_triangles(points, indices):
         return None
-    welded = weld(points)
-    given = Twin(points, indices.reshape(-1, 3), welded, device)
-    if given.closed_shell:
-        return given  # a solid's boundary as given: orienting would reverse nothing
-    triangles, repair = orient_components(points, indices.reshape(-1, 3), welded)
-    if not repair.faces_reversed:
-        return given
-    return Twin(points, np.ascontiguousarray(triangles, np.int32), welded, device)
+    return Twin(points, indices.reshape(-1, 3), weld(points), device)
 
 
 @dataclass(eq=False)

@@ -2,9 +2,10 @@
 content (vertices, triangles, requested sign method) and shared by every slot that holds that
 content; its content key, and the estimate of its size that bounds the world's geometry cache.
 
-The BVH build, the winding repair, the sign data and auto's classification run here, once per
-content; a vertex refit keeps the topology and is prepared here while queries still read the old
-shape, then swapped in while MeshWorld holds readers off.
+The BVH build, the winding repair, the sign data and auto's classification run once per content
+(mesh_build.build_mesh, which adoption's twins use too); a vertex refit keeps the topology and is
+prepared here while queries still read the old shape, then swapped in while MeshWorld holds
+readers off.
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import numpy as np
 import torch
 import warp as wp
 
-from robot_sdf import face_winding, geometry, mesh_analysis, mesh_classification, mesh_orientation, mesh_topology
-from robot_sdf.kernels.sign_data import ROW_AREA, ROW_BOUNDS, ROW_MARKER, extra_row
+from robot_sdf import geometry, mesh_analysis, mesh_build, mesh_topology
+from robot_sdf.kernels.sign_data import ROW_BOUNDS, extra_row
 from robot_sdf.launch import warp_device
 from robot_sdf.types import SignMethod
 from robot_sdf.world_args import register_mesh, unregister_mesh
@@ -55,68 +56,36 @@ class Geometry:
         centred = self._centred(self.vertices)
         self.radius = geometry.bounding_radius(centred)
         self.requested = requested
-        self.classification: mesh_classification.MeshClass | None = None
         self.welded = mesh_topology.weld(self.vertices)
-        tri_in = np.asarray(triangles, np.int64)
-        if self.oriented:
-            facts = None
-            self.triangles, self.orientation = np.array(triangles, np.int32, copy=True), None
-        else:
-            # Closed surfaces bound a solid whatever their winding: each edge-connected patch is
-            # oriented consistently, closed ones outward (mesh_orientation.orient_components), on
-            # this private copy, before the sign data and the classification see it.
-            facts = mesh_topology.surface_facts(centred.astype(np.float64), tri_in, self.welded[tri_in])
-            self.triangles, self.orientation = mesh_orientation.orient_components(centred, tri_in, self.welded, facts)
-        self.triangles.setflags(write=False)
+        # Closed surfaces bound a solid whatever their winding: the build orients each patch
+        # consistently, closed ones outward, on its private copy of the triangles, before the sign
+        # data sees it (unless the caller vouched for the winding: oriented).
+        build = mesh_build.build_mesh(centred, triangles, self.welded, requested, warp_device(device),
+                                      trusted=self.oriented)
+        self.triangles, self.orientation = build.triangles, build.orientation
         # Rows reversed by the repair: the triangles as given are recoverable (same_triangles).
-        self.reversed_rows = np.flatnonzero(np.any(self.triangles != tri_in, axis=1)) \
+        self.reversed_rows = np.flatnonzero(np.any(self.triangles != np.asarray(triangles, np.int64), axis=1)) \
             if self.orientation is not None and self.orientation.faces_reversed else np.zeros(0, np.int64)
-        wdev = warp_device(device)
-        self.points = wp.array(centred, dtype=wp.vec3, device=wdev)
-        self.indices = wp.array(self.triangles.reshape(-1), dtype=wp.int32, device=wdev)
-        # Sign data first (its flags entry is rewritten once auto has chosen), so that the mesh
-        # auto builds for its self-intersection test can be kept when it chooses normal.
         # Kept while the geometry is in use: a refit reuses it (weld groups, edge indices).
-        self.sign_topology: mesh_analysis.SignTopology | None = mesh_analysis.sign_topology(self.triangles,
-                                                                                           self.welded, centred)
-        data = mesh_analysis.sign_data(centred, self.triangles, requested == SignMethod.WINDING_NUMBER,
-                                       requested, topology=self.sign_topology)
-        self.velocities = wp.array(data, dtype=wp.vec3, device=wdev)
-        mesh = None
-        method = requested
-        # classification: auto's choice; for ``normal``, whether the pseudo-normal sign is exact
-        # at any distance (then the kernels search within r + eta first, as for auto's shells).
-        classification = None
-        if requested in (SignMethod.AUTO, SignMethod.NORMAL) and not self.oriented:
-            def factory() -> wp.Mesh:
-                return wp.Mesh(points=self.points, indices=self.indices, velocities=self.velocities)
-
-            classification, mesh = mesh_classification.classify(centred, self.triangles, self.welded, factory, facts)
-            if requested == SignMethod.AUTO:
-                self.classification = classification
-                method = classification.method
-                _log.info("mesh %r: sign method auto -> %s (%s; %d triangles, classified in %.3f s)", name,
-                          method.name.lower(), classification.reason, len(self.triangles), classification.seconds)
-        self.method = method
-        self.winding_number = method == SignMethod.WINDING_NUMBER
-        data[extra_row(ROW_MARKER), 1:] = (1.0 if self.winding_number else 0.0, float(int(method)))
+        self.sign_topology: mesh_analysis.SignTopology | None = build.topology
+        self.points, self.indices, self.velocities = build.arrays
+        self.mesh = build.mesh
+        self.method = build.method
+        self.winding_number = build.winding_number
         # The classification proved the pseudo-normal sign exact, or the caller vouched for it
         # (oriented); a refit rewrites the data without it.
-        self.closed_shell = self.oriented or (classification is not None and classification.solid)
-        data[extra_row(ROW_AREA), 1] = 1.0 if self.closed_shell else 0.0
+        self.closed_shell = build.closed_shell
+        # auto's choice (a ``normal`` build is classified too, for closed_shell only).
+        self.classification = build.classification if requested == SignMethod.AUTO else None
+        if self.classification is not None:
+            _log.info("mesh %r: sign method auto -> %s (%s; %d triangles, classified in %.3f s)", name,
+                      self.method.name.lower(), self.classification.reason, len(self.triangles),
+                      self.classification.seconds)
         # Kernels skip the mesh beyond this radius (+ the search bound): no surface is there and
         # no inside point (for winding_number on a surface that is not closed, that reaches
         # out to the winding radius).
-        bounds = data[extra_row(ROW_BOUNDS)]
+        bounds = build.data[extra_row(ROW_BOUNDS)]
         self.cull_radius = max(self.radius, float(bounds[0]) if bounds[1] == 0.0 else 0.0)
-        self.velocities.assign(wp.array(data, dtype=wp.vec3, device=wdev))
-        if mesh is None or self.winding_number:
-            mesh = wp.Mesh(points=self.points, indices=self.indices, velocities=self.velocities,
-                           support_winding_number=self.winding_number)
-        self.mesh = mesh
-        if self.winding_number and not self.closed_shell:
-            # Where the sign may come from the closest feature (a refit clears these rows).
-            face_winding.write_face_rows(mesh, self.velocities, centred, self.sign_topology)
         register_mesh(self.mesh.id, self.winding_number)
         self.users = 0
         # Device arrays of the topology and scratch sums, made at the first refit and kept.
