@@ -43,31 +43,24 @@ def _step_kernel(mesh: wp.uint64, cull_radius: float, method: int, steps: wp.arr
     if reach0 > 0.0:
         bound0 = wp.min(float(MAX_DIST), reach0 * REACH_MARGIN + REACH_SLACK)
     serves[i] = wp.where(swept_slot.open_swept_sign(mesh, method), 1, 0)
-    c0 = float(0.0)
-    g0 = wp.vec3(0.0, 0.0, 0.0)
-    delta = float(0.0)
-    o = wp.vec3(0.0, 0.0, 0.0)
-    tp = wp.vec3(0.0, 0.0, 0.0)
-    tn = wp.vec3(0.0, 0.0, 0.0)
-    mp = int(0)
-    mn = int(0)
+    share = swept_slot.SweptSlotResult()
     if open_variant != 0:
-        c0, g0, delta, o, tp, tn, mp, mn = swept_slot.open_swept_slot_cost(
+        share = swept_slot.open_swept_slot_cost(
             mesh, cull_radius, method, p, seg_prev, seg_next, has_prev, has_next, s[3], float(ETA), float(MAX_DIST),
             sweep_steps, n_sides)
     else:
-        c0, g0, delta, o, tp, tn, mp, mn = swept_slot.swept_slot_cost(
+        share = swept_slot.swept_slot_cost(
             mesh, cull_radius, method, p, seg_prev, seg_next, has_prev, has_next, s[3], float(ETA), float(MAX_DIST),
             bound0, sweep_steps, n_sides)
     # As the swept kernel assembles a step from its meshes' shares (one mesh here).
     if n_sides > 0:
-        cost[i] = wp.max(c0 + delta, 0.0)
-        own[i] = o + g0 * (1.0 / (2.0 * float(sweep_steps)))
+        cost[i] = wp.max(share.centre_cost + share.sample_delta, 0.0)
+        own[i] = share.own + share.centre_grad * (1.0 / (2.0 * float(sweep_steps)))
     else:
-        cost[i] = c0
-        own[i] = g0
-    to_prev[i] = tp
-    to_next[i] = tn
+        cost[i] = share.centre_cost
+        own[i] = share.centre_grad
+    to_prev[i] = share.to_prev
+    to_next[i] = share.to_next
 
 
 def _steps(rng: np.random.Generator, v: np.ndarray, n: int) -> np.ndarray:

@@ -298,7 +298,15 @@ def mesh_closest_face(mesh: wp.uint64, p: wp.vec3, max_dist: float) -> int:
 # sweep_steps up to 7 at once; beyond that, 15 at a time per side (SWEPT_BATCH, SWEPT_SIDE_BATCH).
 
 
-@wp.func_native(THIN_TRIANGLE_CPP + """
+# mesh_closest_points' snippet is pasted together from the parts below, in this order (each uses
+# names the parts before it declare): the per-point lane state, Warp's sign rule, the traversal's
+# step at a leaf and at an inner node, the result's entries; the snippet's own body then sets the
+# lanes up, walks the tree and writes the entries.
+
+# Per point, in 16 lanes as a structure of arrays: its coordinates, squared pruning radius (best),
+# offset from a and fractions along each side, closest face, the state of Warp's sign rule; then
+# the traversal's state. Reads the arguments n1, n2 and the mesh m.
+CLOSEST_POINTS_LANES_CPP = """
 const wp::Mesh m = wp::mesh_get(mesh);
 const int n1c = n1 < 15 ? (n1 > 0 ? n1 : 0) : 15;
 const int n2c = n2 < 15 - n1c ? (n2 > 0 ? n2 : 0) : 15 - n1c;
@@ -342,6 +350,18 @@ float best_v[16];
 #endif
 int ties[16][WARP_TIES];
 int n_ties[16];
+// The traversal's: the box of all points (lo, hi), the largest squared pruning radius of any point
+// (worst) and the stack of nodes to visit.
+wp::vec3 lo = a;
+wp::vec3 hi = a;
+float worst = 0.0f;
+int stack[BVH_QUERY_STACK_SIZE];
+int count = 0;
+"""
+
+# Warp's sign rule (warp_sign): a face's angle-weighted normal for a point, and a face within a
+# point's pruning radius joining its ties (take_warp_candidate).
+WARP_SIGN_TIES_CPP = """
 // Warp's weighted normal of a face for a point: the angle of the feature nearest to the point's
 // closest point on it (a corner's angle, pi on an edge, 2 pi inside) times its unit normal.
 // Out of line on the CPU: rarely needed, and inlined (its acosf calls in the traversal's
@@ -421,190 +441,143 @@ auto take_warp_candidate = [&](int j, int tri, float dist, const wp::vec2& bary)
     }
     best[j] = (closest[j] + tie) * (closest[j] + tie);
 };
-for (int j = 0; j < 16; ++j) {
-    px[j] = a[0];
-    py[j] = a[1];
-    pz[j] = a[2];
-    best[j] = 0.0f;
-    off[j] = 0.0f;
-    fs1[j] = 0.0f;
-    fs2[j] = 0.0f;
-    best_face[j] = -1;
-    best_u[j] = 0.0f;
-    best_v[j] = 0.0f;
-    closest[j] = 0.0f;
-    n_ties[j] = 0;
-    acc_x[j] = 0.0f;
-    acc_y[j] = 0.0f;
-    acc_z[j] = 0.0f;
-}
-closest[0] = bound_a;
-best[0] = bound_a > 0.0f ? (bound_a + tie) * (bound_a + tie) : 0.0f;
-wp::vec3 lo = a;
-wp::vec3 hi = a;
-float worst = best[0];
-for (int j = 1; j < count_pts; ++j) {
-    const bool first_side = j <= n1c;
-    const float s = first_side ? s1 + ds * (float)(j - 1) : s2 + ds * (float)(j - 1 - n1c);
-    // The fraction along each side's direction (0 on the other side): the tangent bound below.
-    fs1[j] = first_side ? s : 0.0f;
-    fs2[j] = first_side ? 0.0f : s;
-    const wp::vec3 offset = (first_side ? d1 : d2) * s;
-    const wp::vec3 pt = a + offset;
-    px[j] = pt[0];
-    py[j] = pt[1];
-    pz[j] = pt[2];
-    off[j] = wp::length(offset);
-    // 1-Lipschitz: the closest surface point of a is within base of a (under Warp's sign rule
-    // with room for the faces that tie with the closest one).
-    float b = reach;
-    if (base >= 0.0f) {
-        const float lip = (base + off[j]) * 1.0001f + 1.0e-6f + 3.0f * tie;
-        b = base_inside ? lip : wp::min(reach, lip);
+"""
+
+CLOSEST_POINTS_LEAF_CPP = """
+// A leaf of the traversal (node halves nl, nu): its triangles tested against the points whose best
+// so far is farther than the leaf's box (and whose tangent bound does not rule them out), then
+// worst brought up to date.
+auto search_leaf = [&](const wp::BVHPackedNodeHalf& nl, const wp::BVHPackedNodeHalf& nu) {
+    // Points whose best so far is farther than the leaf's box (bit j for point j).
+    unsigned int in_reach = 0u;
+    for (int j = 0; j < SWEPT_LANES; ++j) {
+        const float gx = wp::max(wp::max(nl.x - px[j], px[j] - nu.x), 0.0f);
+        const float gy = wp::max(wp::max(nl.y - py[j], py[j] - nu.y), 0.0f);
+        const float gz = wp::max(wp::max(nl.z - pz[j], pz[j] - nu.z), 0.0f);
+        in_reach |= (gx * gx + gy * gy + gz * gz < best[j] ? 1u : 0u) << j;
     }
-    closest[j] = b;
-    best[j] = (b + tie) * (b + tie);
-    lo = wp::min(lo, pt);
-    hi = wp::max(hi, pt);
-    worst = wp::max(worst, best[j]);
-}
-int stack[BVH_QUERY_STACK_SIZE];
-stack[0] = *m.bvh.root;
-int count = worst > 0.0f ? 1 : 0;
-while (count) {
-    const int node = stack[--count];
-    const wp::BVHPackedNodeHalf nl = m.bvh.node_lowers[node];
-    const wp::BVHPackedNodeHalf nu = m.bvh.node_uppers[node];
-    const wp::vec3 node_lo(nl.x, nl.y, nl.z);
-    const wp::vec3 node_hi(nu.x, nu.y, nu.z);
-    const wp::vec3 gap = wp::max(wp::max(node_lo - hi, lo - node_hi), wp::vec3(0.0f));
-    if (wp::length_sq(gap) >= worst)
-        continue;
-    if (nl.b) {
-        // Points whose best so far is farther than the leaf's box (bit j for point j).
-        unsigned int in_reach = 0u;
-        for (int j = 0; j < SWEPT_LANES; ++j) {
-            const float gx = wp::max(wp::max(nl.x - px[j], px[j] - nu.x), 0.0f);
-            const float gy = wp::max(wp::max(nl.y - py[j], py[j] - nu.y), 0.0f);
-            const float gz = wp::max(wp::max(nl.z - pz[j], pz[j] - nu.z), 0.0f);
-            in_reach |= (gx * gx + gy * gy + gz * gz < best[j] ? 1u : 0u) << j;
+    for (int prim = (int)nl.i; in_reach != 0u && prim < (int)nu.i; ++prim) {
+        const int tri = m.bvh.primitive_indices[prim];
+        const wp::vec3 p = m.points[m.indices[tri * 3 + 0]];
+        const wp::vec3 q = m.points[m.indices[tri * 3 + 1]];
+        const wp::vec3 r = m.points[m.indices[tri * 3 + 2]];
+        const wp::vec3 e0 = q - p;
+        const wp::vec3 e1 = r - p;
+        const wp::vec3 e2 = r - q;
+        // With exact_thin a thin triangle is measured in float64 (near-zero-area ones too);
+        // otherwise Warp's own closest-point queries skip these slivers: the same candidates.
+        const bool thin = exact_thin && is_thin(p, q, r);
+        if (!thin && wp::length(wp::cross(e0, e1)) / (wp::dot(e0, e0) + wp::dot(e1, e1) + wp::dot(e2, e2)) < 1.e-6f)
+            continue;
+        // The distance to a triangle (a convex set) is convex along each segment a + d s, so
+        // it lies above its tangent at a: dist(s) >= dist(a) + s (a - c) / |a - c| . d.
+        // Measured at a once, that rules the triangle out for nearly every other point.
+        wp::vec2 bary_a(0.0f);
+        wp::vec3 from_c;
+        if (thin) {
+            from_c = wp::vec3(thin_delta(p, q, r, a));
+        } else {
+            bary_a = wp::closest_point_to_triangle(p, q, r, a);
+            from_c = a - (bary_a[0] * p + bary_a[1] * q + (1.0f - bary_a[0] - bary_a[1]) * r);
         }
-        for (int prim = (int)nl.i; in_reach != 0u && prim < (int)nu.i; ++prim) {
-            const int tri = m.bvh.primitive_indices[prim];
-            const wp::vec3 p = m.points[m.indices[tri * 3 + 0]];
-            const wp::vec3 q = m.points[m.indices[tri * 3 + 1]];
-            const wp::vec3 r = m.points[m.indices[tri * 3 + 2]];
-            const wp::vec3 e0 = q - p;
-            const wp::vec3 e1 = r - p;
-            const wp::vec3 e2 = r - q;
-            // With exact_thin a thin triangle is measured in float64 (near-zero-area ones too);
-            // otherwise Warp's own closest-point queries skip these slivers: the same candidates.
-            const bool thin = exact_thin && is_thin(p, q, r);
-            if (!thin && wp::length(wp::cross(e0, e1)) / (wp::dot(e0, e0) + wp::dot(e1, e1) + wp::dot(e2, e2)) < 1.e-6f)
-                continue;
-            // The distance to a triangle (a convex set) is convex along each segment a + d s, so
-            // it lies above its tangent at a: dist(s) >= dist(a) + s (a - c) / |a - c| . d.
-            // Measured at a once, that rules the triangle out for nearly every other point.
-            wp::vec2 bary_a(0.0f);
-            wp::vec3 from_c;
-            if (thin) {
-                from_c = wp::vec3(thin_delta(p, q, r, a));
-            } else {
-                bary_a = wp::closest_point_to_triangle(p, q, r, a);
-                from_c = a - (bary_a[0] * p + bary_a[1] * q + (1.0f - bary_a[0] - bary_a[1]) * r);
+        const float a_sq = wp::length_sq(from_c);
+        const float a_dist = wp::sqrt(a_sq);
+        if ((in_reach & 1u) && a_sq < best[0]) {
+            if (warp_sign)
+                take_warp_candidate(0, tri, a_dist, bary_a);
+            else {
+                best[0] = a_sq;
+                best_face[0] = tri;
             }
-            const float a_sq = wp::length_sq(from_c);
-            const float a_dist = wp::sqrt(a_sq);
-            if ((in_reach & 1u) && a_sq < best[0]) {
-                if (warp_sign)
-                    take_warp_candidate(0, tri, a_dist, bary_a);
-                else {
-                    best[0] = a_sq;
-                    best_face[0] = tri;
-                }
-                if (base_inside && !warp_sign) {
-                    // Each point's closest surface point is within a's best so far plus its
-                    // offset (1-Lipschitz): a loose base tightens as a's search goes.
-                    for (int j = 1; j < count_pts; ++j) {
-                        const float b = (a_dist + off[j]) * 1.0001f + 1.0e-6f;
-                        best[j] = wp::min(best[j], b * b);
-                    }
+            if (base_inside && !warp_sign) {
+                // Each point's closest surface point is within a's best so far plus its
+                // offset (1-Lipschitz): a loose base tightens as a's search goes.
+                for (int j = 1; j < count_pts; ++j) {
+                    const float b = (a_dist + off[j]) * 1.0001f + 1.0e-6f;
+                    best[j] = wp::min(best[j], b * b);
                 }
             }
-            float slope1 = 0.0f;
-            float slope2 = 0.0f;
-            float slack = 1.0e30f;
-            if (a_dist > 1.0e-6f) {
-                slope1 = wp::dot(from_c, d1) / a_dist;
-                slope2 = wp::dot(from_c, d2) / a_dist;
-                // Float32 rounding of the distances stays far below this margin [m].
-                slack = 2.0e-6f + 1.0e-5f * a_dist;
-            }
-            // Points in reach that the tangent bound does not rule out (never a itself).
-            unsigned int test = 0u;
-            for (int j = 1; j < SWEPT_LANES; ++j) {
-                const float sure = a_dist + fs1[j] * slope1 + fs2[j] * slope2 - slack;
-                test |= (sure > 0.0f && sure * sure >= best[j] ? 0u : 1u) << j;
-            }
-            test &= in_reach;
-            while (test != 0u) {
+        }
+        float slope1 = 0.0f;
+        float slope2 = 0.0f;
+        float slack = 1.0e30f;
+        if (a_dist > 1.0e-6f) {
+            slope1 = wp::dot(from_c, d1) / a_dist;
+            slope2 = wp::dot(from_c, d2) / a_dist;
+            // Float32 rounding of the distances stays far below this margin [m].
+            slack = 2.0e-6f + 1.0e-5f * a_dist;
+        }
+        // Points in reach that the tangent bound does not rule out (never a itself).
+        unsigned int test = 0u;
+        for (int j = 1; j < SWEPT_LANES; ++j) {
+            const float sure = a_dist + fs1[j] * slope1 + fs2[j] * slope2 - slack;
+            test |= (sure > 0.0f && sure * sure >= best[j] ? 0u : 1u) << j;
+        }
+        test &= in_reach;
+        while (test != 0u) {
 #if defined(__CUDA_ARCH__)
-                const int j = __ffs(test) - 1;
+            const int j = __ffs(test) - 1;
 #else
-                const int j = __builtin_ctz(test);
+            const int j = __builtin_ctz(test);
 #endif
-                test &= test - 1u;
-                const wp::vec3 pt(px[j], py[j], pz[j]);
-                wp::vec2 bary(0.0f);
-                const float dist_sq = distance_sq(p, q, r, pt, thin, bary);
-                if (dist_sq < best[j]) {
-                    if (warp_sign)
-                        take_warp_candidate(j, tri, wp::sqrt(dist_sq), bary);
-                    else {
-                        best[j] = dist_sq;
-                        best_face[j] = tri;
-                    }
+            test &= test - 1u;
+            const wp::vec3 pt(px[j], py[j], pz[j]);
+            wp::vec2 bary(0.0f);
+            const float dist_sq = distance_sq(p, q, r, pt, thin, bary);
+            if (dist_sq < best[j]) {
+                if (warp_sign)
+                    take_warp_candidate(j, tri, wp::sqrt(dist_sq), bary);
+                else {
+                    best[j] = dist_sq;
+                    best_face[j] = tri;
                 }
             }
         }
-        worst = 0.0f;
-        for (int j = 0; j < SWEPT_LANES; ++j)
-            worst = wp::max(worst, best[j]);
-    } else {
-        const int children[2] = {(int)nl.i, (int)nu.i};
-        float child_gap[2];
-        for (int c = 0; c < 2; ++c) {
-            const wp::BVHPackedNodeHalf cl = m.bvh.node_lowers[children[c]];
-            const wp::BVHPackedNodeHalf cu = m.bvh.node_uppers[children[c]];
-            const wp::vec3 g = wp::max(wp::max(wp::vec3(cl.x, cl.y, cl.z) - hi, lo - wp::vec3(cu.x, cu.y, cu.z)),
-                                       wp::vec3(0.0f));
-            child_gap[c] = wp::length_sq(g);
-            if (child_gap[c] < worst) {
-                // Some point's best so far farther than the child's box?
-                bool any = false;
-                for (int j = 0; j < SWEPT_LANES; ++j) {
-                    const float gx = wp::max(wp::max(cl.x - px[j], px[j] - cu.x), 0.0f);
-                    const float gy = wp::max(wp::max(cl.y - py[j], py[j] - cu.y), 0.0f);
-                    const float gz = wp::max(wp::max(cl.z - pz[j], pz[j] - cu.z), 0.0f);
-                    any |= gx * gx + gy * gy + gz * gz < best[j];
-                }
-                if (!any)
-                    child_gap[c] = worst;
-            }
-        }
-        // The nearer child last, so that it is searched first.
-        const int first = child_gap[0] < child_gap[1] ? 1 : 0;
-        if (child_gap[first] < worst)
-            stack[count++] = children[first];
-        if (child_gap[1 - first] < worst)
-            stack[count++] = children[1 - first];
     }
-}
-#undef SWEPT_LANES
-#undef WARP_TIES
-#undef RARELY_CALLED
-wp::vec_t<16, float> out;
-for (int j = 0; j < 16; ++j) {
+    worst = 0.0f;
+    for (int j = 0; j < SWEPT_LANES; ++j)
+        worst = wp::max(worst, best[j]);
+};
+"""
+
+CLOSEST_POINTS_CHILDREN_CPP = """
+// An inner node of the traversal (node halves nl, nu): each child pushed where some point's best
+// so far is farther than the child's box.
+auto push_children = [&](const wp::BVHPackedNodeHalf& nl, const wp::BVHPackedNodeHalf& nu) {
+    const int children[2] = {(int)nl.i, (int)nu.i};
+    float child_gap[2];
+    for (int c = 0; c < 2; ++c) {
+        const wp::BVHPackedNodeHalf cl = m.bvh.node_lowers[children[c]];
+        const wp::BVHPackedNodeHalf cu = m.bvh.node_uppers[children[c]];
+        const wp::vec3 g = wp::max(wp::max(wp::vec3(cl.x, cl.y, cl.z) - hi, lo - wp::vec3(cu.x, cu.y, cu.z)),
+                                   wp::vec3(0.0f));
+        child_gap[c] = wp::length_sq(g);
+        if (child_gap[c] < worst) {
+            // Some point's best so far farther than the child's box?
+            bool any = false;
+            for (int j = 0; j < SWEPT_LANES; ++j) {
+                const float gx = wp::max(wp::max(cl.x - px[j], px[j] - cu.x), 0.0f);
+                const float gy = wp::max(wp::max(cl.y - py[j], py[j] - cu.y), 0.0f);
+                const float gz = wp::max(wp::max(cl.z - pz[j], pz[j] - cu.z), 0.0f);
+                any |= gx * gx + gy * gy + gz * gz < best[j];
+            }
+            if (!any)
+                child_gap[c] = worst;
+        }
+    }
+    // The nearer child last, so that it is searched first.
+    const int first = child_gap[0] < child_gap[1] ? 1 : 0;
+    if (child_gap[first] < worst)
+        stack[count++] = children[first];
+    if (child_gap[1 - first] < worst)
+        stack[count++] = children[1 - first];
+};
+"""
+
+CLOSEST_POINTS_ENTRY_CPP = """
+// Entry j of the result: point j's closest face as float bits (face_of), -1 for none and for unused
+// lanes; with warp_sign, bit 30 set where Warp's sign says the point is inside (warp_inside).
+auto entry_of = [&](int j) -> float {
     union { int i; float f; } bits;
     bits.i = j < count_pts ? best_face[j] : -1;
     if (warp_sign && bits.i >= 0) {
@@ -640,8 +613,80 @@ for (int j = 0; j < 16; ++j) {
         if (!outside)
             bits.i |= 1 << 30;
     }
-    out[j] = bits.f;
+    return bits.f;
+};
+"""
+
+
+@wp.func_native(THIN_TRIANGLE_CPP + CLOSEST_POINTS_LANES_CPP + WARP_SIGN_TIES_CPP + CLOSEST_POINTS_LEAF_CPP
+                 + CLOSEST_POINTS_CHILDREN_CPP + CLOSEST_POINTS_ENTRY_CPP + """
+for (int j = 0; j < 16; ++j) {
+    px[j] = a[0];
+    py[j] = a[1];
+    pz[j] = a[2];
+    best[j] = 0.0f;
+    off[j] = 0.0f;
+    fs1[j] = 0.0f;
+    fs2[j] = 0.0f;
+    best_face[j] = -1;
+    best_u[j] = 0.0f;
+    best_v[j] = 0.0f;
+    closest[j] = 0.0f;
+    n_ties[j] = 0;
+    acc_x[j] = 0.0f;
+    acc_y[j] = 0.0f;
+    acc_z[j] = 0.0f;
 }
+closest[0] = bound_a;
+best[0] = bound_a > 0.0f ? (bound_a + tie) * (bound_a + tie) : 0.0f;
+worst = best[0];
+for (int j = 1; j < count_pts; ++j) {
+    const bool first_side = j <= n1c;
+    const float s = first_side ? s1 + ds * (float)(j - 1) : s2 + ds * (float)(j - 1 - n1c);
+    // The fraction along each side's direction (0 on the other side): the tangent bound below.
+    fs1[j] = first_side ? s : 0.0f;
+    fs2[j] = first_side ? 0.0f : s;
+    const wp::vec3 offset = (first_side ? d1 : d2) * s;
+    const wp::vec3 pt = a + offset;
+    px[j] = pt[0];
+    py[j] = pt[1];
+    pz[j] = pt[2];
+    off[j] = wp::length(offset);
+    // 1-Lipschitz: the closest surface point of a is within base of a (under Warp's sign rule
+    // with room for the faces that tie with the closest one).
+    float b = reach;
+    if (base >= 0.0f) {
+        const float lip = (base + off[j]) * 1.0001f + 1.0e-6f + 3.0f * tie;
+        b = base_inside ? lip : wp::min(reach, lip);
+    }
+    closest[j] = b;
+    best[j] = (b + tie) * (b + tie);
+    lo = wp::min(lo, pt);
+    hi = wp::max(hi, pt);
+    worst = wp::max(worst, best[j]);
+}
+stack[0] = *m.bvh.root;
+count = worst > 0.0f ? 1 : 0;
+while (count) {
+    const int node = stack[--count];
+    const wp::BVHPackedNodeHalf nl = m.bvh.node_lowers[node];
+    const wp::BVHPackedNodeHalf nu = m.bvh.node_uppers[node];
+    const wp::vec3 node_lo(nl.x, nl.y, nl.z);
+    const wp::vec3 node_hi(nu.x, nu.y, nu.z);
+    const wp::vec3 gap = wp::max(wp::max(node_lo - hi, lo - node_hi), wp::vec3(0.0f));
+    if (wp::length_sq(gap) >= worst)
+        continue;
+    if (nl.b)
+        search_leaf(nl, nu);
+    else
+        push_children(nl, nu);
+}
+#undef SWEPT_LANES
+#undef WARP_TIES
+#undef RARELY_CALLED
+wp::vec_t<16, float> out;
+for (int j = 0; j < 16; ++j)
+    out[j] = entry_of(j);
 return out;""")
 def mesh_closest_points(mesh: wp.uint64, a: wp.vec3, bound_a: float, d1: wp.vec3, s1: float, n1: int, d2: wp.vec3,
                         s2: float, n2: int, ds: float, reach: float, base: float, base_inside: bool,

@@ -21,7 +21,7 @@ import warp as wp
 from robot_sdf.kernels.signed_distance import (REACH_MARGIN, REACH_SLACK, mesh_sign_method, out_of_reach,
                                                sign_is_closed, widened)
 from robot_sdf.kernels.slot_walk import World, env_slots, query_env, slot_at, slot_sign_method, thread_spheres
-from robot_sdf.kernels.swept_slot import open_swept_sign, open_swept_slot_cost, swept_slot_cost
+from robot_sdf.kernels.swept_slot import SweptSlotResult, open_swept_sign, open_swept_slot_cost, swept_slot_cost
 
 wp.set_module_options({"enable_backward": False})
 
@@ -83,30 +83,22 @@ def closed_search_bound(half_len: float, max_dist: float) -> float:
 
 @wp.func
 def swept_step_cost(p: wp.vec3, prev: wp.vec3, nxt: wp.vec3, has_prev: int, has_next: int, radius: float,
-                    eta: float, max_dist: float, sweep_steps: int, env: int, world: World):
+                    eta: float, max_dist: float, sweep_steps: int, env: int, world: World) -> SweptSlotResult:
     """Unweighted swept cost of one step over the meshes of ``env``, summed mesh by mesh (the slot
     loop of sphere_world_cost), each mesh with all the samples of the step: a sample is skipped
     per mesh, and the samples of a side share traversals (swept_slot_cost, or
     open_swept_slot_cost for a moving step on a mesh whose sign is not a closed surface's).
 
-    Returns (c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next) in the world frame:
-    swept_slot_cost's values summed over the meshes (the masks or-ed). The slots visited are those
-    within reach of any sample of the step (p, the samples up to half way to each neighbour, each
-    searched within max_dist + r + eta at most): through the environment's slot BVH where it has
-    one (swept_slot_cost's own early-out then sees the same slots as the plain loop would let
-    through), else slot after slot."""
+    Returns the meshes' SweptSlotResults summed, in the world frame (the masks or-ed). The slots
+    visited are those within reach of any sample of the step (p, the samples up to half way to
+    each neighbour, each searched within max_dist + r + eta at most): through the environment's
+    slot BVH where it has one (swept_slot_cost's own early-out then sees the same slots as the
+    plain loop would let through), else slot after slot."""
     n_sides = has_prev + has_next
     # Every sample lies within half the longer segment of p.
     half_len = 0.5 * wp.max(float(has_prev) * wp.length(prev - p), float(has_next) * wp.length(nxt - p))
     bound0 = closed_search_bound(half_len, max_dist)
-    c0 = float(0.0)
-    g0 = wp.vec3(0.0, 0.0, 0.0)
-    delta = float(0.0)
-    own = wp.vec3(0.0, 0.0, 0.0)
-    to_prev = wp.vec3(0.0, 0.0, 0.0)
-    to_next = wp.vec3(0.0, 0.0, 0.0)
-    mask_prev = int(0)
-    mask_next = int(0)
+    total = SweptSlotResult()
     # As swept_slot_cost's batched test: a stationary step keeps the plain query of p.
     moving = n_sides > 0 and half_len > 0.0
     slot_reach = max_dist + radius + eta + half_len
@@ -127,33 +119,27 @@ def swept_step_cost(p: wp.vec3, prev: wp.vec3, nxt: wp.vec3, has_prev: int, has_
             continue
         seg_prev = wp.quat_rotate(q, prev - p)
         seg_next = wp.quat_rotate(q, nxt - p)
-        c_i = float(0.0)
-        g_i = wp.vec3(0.0, 0.0, 0.0)
-        delta_i = float(0.0)
-        own_i = wp.vec3(0.0, 0.0, 0.0)
-        prev_i = wp.vec3(0.0, 0.0, 0.0)
-        next_i = wp.vec3(0.0, 0.0, 0.0)
-        m_prev = int(0)
-        m_next = int(0)
+        share = SweptSlotResult()
         if moving and open_swept_sign(mesh, slot_method):
-            c_i, g_i, delta_i, own_i, prev_i, next_i, m_prev, m_next = open_swept_slot_cost(
+            share = open_swept_slot_cost(
                 mesh, cull_radius, slot_method, p_mesh, seg_prev, seg_next, has_prev,
                 has_next, radius, eta, max_dist, sweep_steps, n_sides,
             )
         else:
-            c_i, g_i, delta_i, own_i, prev_i, next_i, m_prev, m_next = swept_slot_cost(
+            share = swept_slot_cost(
                 mesh, cull_radius, slot_method, p_mesh, seg_prev, seg_next, has_prev,
                 has_next, radius, eta, max_dist, bound0, sweep_steps, n_sides,
             )
-        c0 += c_i
-        g0 += wp.quat_rotate_inv(q, g_i)
-        delta += delta_i
-        own += wp.quat_rotate_inv(q, own_i)
-        to_prev += wp.quat_rotate_inv(q, prev_i)
-        to_next += wp.quat_rotate_inv(q, next_i)
-        mask_prev = mask_prev | m_prev
-        mask_next = mask_next | m_next
-    return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
+        # The share's vectors are in the mesh frame: rotated back to the world's.
+        total.centre_cost += share.centre_cost
+        total.centre_grad += wp.quat_rotate_inv(q, share.centre_grad)
+        total.sample_delta += share.sample_delta
+        total.own += wp.quat_rotate_inv(q, share.own)
+        total.to_prev += wp.quat_rotate_inv(q, share.to_prev)
+        total.to_next += wp.quat_rotate_inv(q, share.to_next)
+        total.mask_prev = total.mask_prev | share.mask_prev
+        total.mask_next = total.mask_next | share.mask_next
+    return total
 
 
 @wp.func
@@ -234,18 +220,22 @@ def swept_sphere_cost_kernel(
         evaluations = int(0)
         if radius >= 0.0 and env >= 0:
             has_prev, has_next, prev, nxt = step_neighbours(spheres, tid, step, horizon, spheres_per_step, sweep_steps)
-            c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next = swept_step_cost(
-                p, prev, nxt, has_prev, has_next, radius, activation_distance[0], max_distance[0], sweep_steps, env,
-                world)
+            step_cost = swept_step_cost(p, prev, nxt, has_prev, has_next, radius, activation_distance[0],
+                                        max_distance[0], sweep_steps, env, world)
             if count_evaluations != 0:
-                evaluations = 1 + mask_count(mask_prev) + mask_count(mask_next)
+                evaluations = 1 + mask_count(step_cost.mask_prev) + mask_count(step_cost.mask_next)
+            c0 = step_cost.centre_cost
+            g0 = step_cost.centre_grad
+            own = step_cost.own
+            to_prev = step_cost.to_prev
+            to_next = step_cost.to_next
             cost = c0
             if has_prev + has_next > 0:
                 # own holds the samples' partials; p[t] itself weighs 1 / (2K). cost = c0 + sum_k
                 # w_k (c_k - c0): equal to sum_k w_k c_k (weights sum to 1), and exactly c0 when
                 # every sample sits on p[t] (a stationary trajectory).
                 own += g0 * (1.0 / (2.0 * float(sweep_steps)))
-                cost = wp.max(c0 + delta, 0.0)
+                cost = wp.max(c0 + step_cost.sample_delta, 0.0)
             else:
                 own = g0
             w = weight[0]

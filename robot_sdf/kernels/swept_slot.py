@@ -109,6 +109,25 @@ class SideChain:
     mask: int
 
 
+@wp.struct
+class SweptSlotResult:
+    """One mesh's share of a swept step's cost, unweighted (swept_slot_cost, open_swept_slot_cost:
+    vectors in the mesh frame), or the step's sum over the meshes of its environment
+    (swept.swept_step_cost: vectors in the world frame, masks or-ed). Costs in m (the penetration
+    cost of docs/design.md), gradients d cost / d position (m/m); for sample k of a side at
+    fraction s_k = k / (2K) with quadrature weight w_k (swept_sample_weight) and cost c_k,
+    gradient g_k:"""
+
+    centre_cost: float  # c0: the cost at the step's centre p
+    centre_grad: wp.vec3  # g0: its gradient
+    sample_delta: float  # sum_k w_k (c_k - c0) over the samples of both sides
+    own: wp.vec3  # sum_k w_k (1 - s_k) g_k: the samples' partials towards p
+    to_prev: wp.vec3  # sum_k w_k s_k g_k over the previous side's samples: towards that neighbour
+    to_next: wp.vec3  # the same over the next side's samples
+    mask_prev: int  # bit side_bit(k): the previous side's sample k took a closest point or a full test
+    mask_next: int  # the same for the next side
+
+
 @wp.func
 def swept_regime(mesh: wp.uint64, sign_method: int, seg_prev: wp.vec3, seg_next: wp.vec3, has_prev: int,
                  has_next: int):
@@ -219,12 +238,24 @@ def swept_centre(mesh: wp.uint64, cull_radius: float, sign_method: int, p: wp.ve
     return found, sd, grad_sd, bound_p, batches
 
 
+# The traversal a sample on swept_slot_cost's batched path still needs (batched_face).
+NO_TRAVERSAL = wp.constant(0)  # none: a traversal made already found its face, or decides it
+DEEP_TRAVERSAL = wp.constant(1)  # the deep one: p is inside deeper than r + eta (deep_sample_ranges)
+SIDE_TRAVERSAL = wp.constant(2)  # one of this side's samples from here on
+
+
 @wp.func
-def batched_face(batches: SweptBatches, side: int, k: int, has_prev: int):
-    """(face, searched) of sample k of a side on swept_slot_cost's batched path: the closest
-    triangle the traversal that covers it found (-1 for none), and whether that was a traversal
-    of this side's samples or of the deep ones (the first traversal searched them within r + eta
-    only)."""
+def batched_face(batches: SweptBatches, side: int, k: int, has_prev: int, p_inside: bool, last_inside: bool):
+    """(face, traversal) of sample k of a side on swept_slot_cost's batched path: the closest
+    triangle the traversal that covers it found (-1 for none), and the traversal it still needs.
+
+    Where a sample was not searched beyond r + eta (only by the first traversal, or by none) and
+    that found nothing, one more: the deep one where p (``p_inside``) and the side's last point
+    evaluated (``last_inside``) are inside, once per step (this side's samples from here on, and
+    the other side's where its first found nothing either), or this side's samples from here on
+    (beyond the first traversal, or p inside once the deep one is spent). Where p is inside,
+    their samples are searched within the Lipschitz bound from p (found for sure), else within
+    r + eta or that bound, whichever is nearer."""
     n_first = batches.n_first
     covered = k >= batches.side_start and k < batches.side_end
     in_deep = (side == 0 and k >= batches.deep_lo0 and k < batches.deep_hi0) or (
@@ -237,7 +268,14 @@ def batched_face(batches: SweptBatches, side: int, k: int, has_prev: int):
                                              1 + batches.deep_hi0 - batches.deep_lo0 + k - batches.deep_lo1)])
     elif k <= n_first:
         face = face_of(batches.first[wp.where(side == 1, has_prev * n_first, 0) + k])
-    return face, covered or in_deep
+    traversal = int(NO_TRAVERSAL)
+    if face < 0 and not (covered or in_deep):
+        deep_now = k <= n_first and p_inside and last_inside
+        if deep_now and not batches.deep_done:
+            traversal = DEEP_TRAVERSAL
+        elif k > n_first or deep_now:
+            traversal = SIDE_TRAVERSAL
+    return face, traversal
 
 
 @wp.func
@@ -319,6 +357,28 @@ def swept_sample(mesh: wp.uint64, cull_radius: float, sign_method: int, p: wp.ve
 
 
 @wp.func
+def centre_chain(found: int, sd: float, grad_sd: wp.vec3, bound_p: float, radius: float, eta: float):
+    """(c0, g0, clearance, p_abs, p_inside) of the step's centre p from swept_centre's result (found,
+    sd, grad_sd, the bound p's result holds to): its cost and gradient, the clearance (m) beyond
+    r + eta that frees samples near p, its distance (exact when found, else that bound) and whether
+    it is inside; the start of each side's chain (side_chain_start)."""
+    reach_b = radius + eta
+    c0 = float(0.0)
+    g0 = wp.vec3(0.0, 0.0, 0.0)
+    clearance = bound_p - reach_b
+    p_abs = bound_p
+    p_inside = bool(False)
+    if found != 0:
+        dc = float(0.0)
+        c0, dc, _ = penetration_cost(sd, radius, eta)
+        g0 = grad_sd * (-dc)
+        clearance = sd - reach_b
+        p_abs = wp.abs(sd)
+        p_inside = sd < 0.0
+    return c0, g0, clearance, p_abs, p_inside
+
+
+@wp.func
 def swept_slot_cost(
     mesh: wp.uint64,
     cull_radius: float,
@@ -334,13 +394,9 @@ def swept_slot_cost(
     bound0: float,
     sweep_steps: int,
     n_sides: int,
-):
-    """One mesh's share of a step's swept cost, in the mesh frame (p, segments to the neighbours).
-
-    Returns (c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next): the cost at p and its
-    gradient, sum_k w_k (c_k - c0) over the samples of both sides, the samples' gradient partials
-    w (1 - s) g towards p and w s g towards each neighbour, and per side the samples whose cost
-    took a closest point or a full test.
+) -> SweptSlotResult:
+    """One mesh's share of a step's swept cost, in the mesh frame (p, segments to the neighbours;
+    m): the cost at p and its gradient, and what the samples of both sides add (SweptSlotResult).
 
     Skipping is per mesh: a sample is skipped for this mesh when it lies strictly within this
     mesh's clearance of an evaluated point of its side (its share of the cost is provably 0; the
@@ -355,14 +411,7 @@ def swept_slot_cost(
     Other sign methods search sample after sample, each bound as far as its clearance could
     still free a later sample.
     """
-    c0 = float(0.0)
-    g0 = wp.vec3(0.0, 0.0, 0.0)
-    delta = float(0.0)
-    own = wp.vec3(0.0, 0.0, 0.0)
-    to_prev = wp.vec3(0.0, 0.0, 0.0)
-    to_next = wp.vec3(0.0, 0.0, 0.0)
-    mask_prev = int(0)
-    mask_next = int(0)
+    result = SweptSlotResult()
     reach_b = radius + eta
     data, sign_closed, winding, batched = swept_regime(mesh, sign_method, seg_prev, seg_next, has_prev, has_next)
     if not sign_closed:
@@ -371,29 +420,24 @@ def swept_slot_cost(
     half_len = wp.max(float(has_prev) * wp.length(seg_prev), float(has_next) * wp.length(seg_next)) * 0.5
     if out_of_reach(mesh, data, cull_radius, p, bound_p + half_len):
         # Beyond any search of the slot: nothing to find, and no point of the slot can be inside.
-        return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
+        return result
     found, sd, grad_sd, bound_p, batches = swept_centre(mesh, cull_radius, sign_method, p, seg_prev, seg_next,
                                                         has_prev, has_next, reach_b, bound_p, half_len, sweep_steps,
                                                         data, sign_closed, winding, batched)
-    clearance = bound_p - reach_b
-    chain_abs = bound_p
-    chain_inside = bool(False)
-    if found != 0:
-        dc = float(0.0)
-        c0, dc, _ = penetration_cost(sd, radius, eta)
-        g0 = grad_sd * (-dc)
-        clearance = sd - reach_b
-        chain_abs = wp.abs(sd)
-        chain_inside = sd < 0.0
+    c0, g0, clearance, p_abs, p_inside = centre_chain(found, sd, grad_sd, bound_p, radius, eta)
+    result.centre_cost = c0
+    result.centre_grad = g0
     if n_sides == 0:
-        return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
+        return result
     inv_2k = 1.0 / (2.0 * float(sweep_steps))
+    delta = float(0.0)
+    own = wp.vec3(0.0, 0.0, 0.0)
     for side in range(2):
         if (side == 0 and has_prev == 0) or (side == 1 and has_next == 0):
             continue
         segment = wp.where(side == 1, seg_next, seg_prev)
         seg_len = wp.length(segment)
-        chain = side_chain_start(clearance, chain_abs, chain_inside, found)
+        chain = side_chain_start(clearance, p_abs, p_inside, found)
         batches.side_start = 0
         batches.side_end = 0
         to_neighbour = wp.vec3(0.0, 0.0, 0.0)
@@ -415,16 +459,10 @@ def swept_slot_cost(
                 grad_k = wp.vec3(0.0, 0.0, 0.0)
                 full = bool(True)
                 if batched:
-                    # The sample's closest face from the traversal that covers it, where needed
-                    # from one more: the deep one (p inside deeper than r + eta, once: this side's
-                    # samples from here on, and the other side's where its first found nothing
-                    # either), or this side's samples from here on (beyond the first traversal,
-                    # or p inside once the deep one is spent). Where p is inside, their samples
-                    # are searched within the Lipschitz bound from p (found for sure), else within
-                    # r + eta or that bound, whichever is nearer.
-                    face, searched = batched_face(batches, side, k, has_prev)
-                    deep_now = k <= batches.n_first and chain_inside and chain.last_inside
-                    if face < 0 and not searched and deep_now and not batches.deep_done:
+                    # The sample's closest face from the traversal that covers it, where needed from
+                    # one more (batched_face says which).
+                    face, traversal = batched_face(batches, side, k, has_prev, p_inside, chain.last_inside)
+                    if traversal == DEEP_TRAVERSAL:
                         lo0, hi0, lo1, hi1 = deep_sample_ranges(
                             side, k, has_next, batches.n_first, face_of(batches.first[has_prev * batches.n_first + 1]))
                         batches.deep_done = True
@@ -434,15 +472,14 @@ def swept_slot_cost(
                         batches.deep_hi1 = hi1
                         batches.deep = mesh_closest_points(mesh, p, 0.0, seg_prev, float(lo0) * inv_2k, hi0 - lo0,
                                                            seg_next, float(lo1) * inv_2k, hi1 - lo1, inv_2k, reach_b,
-                                                           chain_abs, True, False, has_slivers(mesh, data))
+                                                           p_abs, True, False, has_slivers(mesh, data))
                         face = face_of(batches.deep[1])
-                    elif face < 0 and not searched and (k > batches.n_first or deep_now):
+                    elif traversal == SIDE_TRAVERSAL:
                         batches.side_start = k
                         batches.side_end = wp.min(sweep_steps + 1, k + SWEPT_BATCH)
                         batches.side = mesh_closest_points(mesh, p, 0.0, segment, sk, batches.side_end - k, segment,
-                                                           0.0, 0, inv_2k, reach_b,
-                                                           wp.where(found != 0, chain_abs, -1.0), chain_inside, False,
-                                                           has_slivers(mesh, data))
+                                                           0.0, 0, inv_2k, reach_b, wp.where(found != 0, p_abs, -1.0),
+                                                           p_inside, False, has_slivers(mesh, data))
                         face = face_of(batches.side[1])
                     found_k, sd_k, grad_k, full = batched_result(mesh, data, p + segment * sk, face, winding, chain,
                                                                  sk, seg_len, reach_b)
@@ -453,12 +490,14 @@ def swept_slot_cost(
             own += gk * (wk * (1.0 - sk))
             to_neighbour += gk * (wk * sk)
         if side == 0:
-            to_prev = to_neighbour
-            mask_prev = chain.mask
+            result.to_prev = to_neighbour
+            result.mask_prev = chain.mask
         else:
-            to_next = to_neighbour
-            mask_next = chain.mask
-    return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
+            result.to_next = to_neighbour
+            result.mask_next = chain.mask
+    result.sample_delta = delta
+    result.own = own
+    return result
 
 
 @wp.func
@@ -678,7 +717,7 @@ def open_swept_slot_cost(
     max_dist: float,
     sweep_steps: int,
     n_sides: int,
-):
+) -> SweptSlotResult:
     """swept_slot_cost on a mesh whose sign is not a closed surface's (open_swept_sign) and a
     moving step: the same results (every sample takes the plain query; nothing is skipped), with
     p and the samples searched in shared traversals (mesh_closest_points: on a mesh without sign
@@ -687,27 +726,20 @@ def open_swept_slot_cost(
     number's r + eta, else max_dist + r + eta). A point found nothing for takes the plain query,
     bounded by its side's last exact distance plus the distance moved (plus Warp's tie tolerance).
     """
-    c0 = float(0.0)
-    g0 = wp.vec3(0.0, 0.0, 0.0)
-    delta = float(0.0)
-    own = wp.vec3(0.0, 0.0, 0.0)
-    to_prev = wp.vec3(0.0, 0.0, 0.0)
-    to_next = wp.vec3(0.0, 0.0, 0.0)
-    mask_prev = int(0)
-    mask_next = int(0)
+    result = SweptSlotResult()
     reach_b = radius + eta
     bound = max_dist + reach_b
     half_len = wp.max(float(has_prev) * wp.length(seg_prev), float(has_next) * wp.length(seg_next)) * 0.5
     data, method = mesh_sign_method(mesh, sign_method)
     if out_of_reach(mesh, data, cull_radius, p, bound + half_len):
-        return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
+        return result
     winding = method == SIGN_WINDING_NUMBER and data >= 0
     reach = wp.where(winding, reach_b * REACH_MARGIN + REACH_SLACK, bound)
     if winding and box_gap(box_lower(mesh, data), box_upper(mesh, data), p) - half_len > reach:
         # No point of the step has a surface within its reach, so each costs only if inside: where
         # the far bounds declare them all outside, the step costs nothing on this mesh.
         if open_winding_outside(mesh, data, p, reach, half_len):
-            return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
+            return result
     inv_2k = 1.0 / (2.0 * float(sweep_steps))
     n_first = wp.min(sweep_steps, SWEPT_SIDE_BATCH)
     tie_margin = warp_tie_margin(mesh)
@@ -765,20 +797,20 @@ def open_swept_slot_cost(
             last_abs = wp.abs(sd)
         last_s = sk
         if i == 0:
-            c0 = c
-            g0 = g
+            result.centre_cost = c
+            result.centre_grad = g
             p_abs = last_abs
             continue
         wk = swept_sample_weight(k, sweep_steps, n_sides)
-        delta += wk * (c - c0)
-        own += g * (wk * (1.0 - sk))
+        result.sample_delta += wk * (c - result.centre_cost)
+        result.own += g * (wk * (1.0 - sk))
         to_neighbour += g * (wk * sk)
         mask = mask | side_bit(k)
         if k == sweep_steps:
             if side == 0:
-                to_prev = to_neighbour
-                mask_prev = mask
+                result.to_prev = to_neighbour
+                result.mask_prev = mask
             else:
-                to_next = to_neighbour
-                mask_next = mask
-    return c0, g0, delta, own, to_prev, to_next, mask_prev, mask_next
+                result.to_next = to_neighbour
+                result.mask_next = mask
+    return result
