@@ -14,7 +14,10 @@ from sensor_msgs.msg import CameraInfo, Image, PointCloud2, PointField
 
 import reference as ref
 import ros_helpers as rh
+from robot_sdf.perception.fusion import PERCEIVED_MESH
 from robot_sdf.perception.simulated_camera import SimulatedDepthCamera, look_at
+from robot_sdf.ros.conversions import make_mesh_obstacle
+from robot_sdf_interfaces.msg import MeshObstacle
 from robot_sdf_interfaces.srv import QuerySignedDistance
 
 DOMAIN = rh.domain_id(61)
@@ -143,6 +146,27 @@ def test_bad_frames_are_skipped_and_reported(rig, bad, reason):
     after, revision_after = harness.signed_distance(sd, points, 0.5)
     assert revision_after == revision
     np.testing.assert_array_equal(after, before)
+
+
+def test_the_perceived_mesh_id_is_reserved(rig):
+    """While cameras are on, a MeshObstacle naming the fused frames' mesh is rejected with its
+    reason and changes nothing; the same box under another id joins the world."""
+    node, harness, sd, _, _ = rig
+    pub = harness.publisher(MeshObstacle, "/sdf_server/mesh_obstacles", rh.MESH_QOS)
+    rh.wait_for_matched(pub)
+    corner = np.array([[0.3, 0.3, 0.3]])
+    before, revision = harness.signed_distance(sd, corner, 0.5)
+    assert before[0] > 0.0
+    pub.publish(make_mesh_obstacle(PERCEIVED_MESH, BOX_V * 0.5, BOX_T, [0.3, 0.3, 0.3, 1.0, 0.0, 0.0, 0.0]))
+    rh.wait_until(lambda: rh.count_in_log(node, f"mesh id '{PERCEIVED_MESH}' is the fused") >= 1, timeout=60.0,
+                  what="the node to reject the reserved id")
+    pub.publish(make_mesh_obstacle("box_in_the_corner", BOX_V * 0.5, BOX_T, [0.3, 0.3, 0.3, 1.0, 0.0, 0.0, 0.0]))
+    rh.wait_until(lambda: harness.signed_distance(sd, corner, 0.5)[0][0] < 0.0, timeout=60.0,
+                  what="the box under its own id in the world")
+    assert node.alive()
+    pub.publish(make_mesh_obstacle("box_in_the_corner", None, None, operation=MeshObstacle.REMOVE))
+    rh.wait_until(lambda: harness.signed_distance(sd, corner, 0.5)[0][0] > 0.0, timeout=60.0,
+                  what="the box removed again")
 
 
 ARM_URDF = """<?xml version="1.0"?>

@@ -43,6 +43,7 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 from std_msgs.msg import Header
 
 from robot_sdf import _internals
+from robot_sdf.perception.fusion import PERCEIVED_MESH
 from robot_sdf.ros import conversions as conv
 from robot_sdf.ros.frames import TransformPending, stamp_to_ns
 from robot_sdf.ros.executors import ExecutorThread
@@ -450,6 +451,9 @@ class WorldUpdates:
             raise RejectedInput(f"unknown operation {msg.operation} (expected 0..4: "
                                 f"{', '.join(conv.OPERATION_NAMES.values())})")
         world, env = self.world, int(msg.env)
+        if self.config.perceives and env == 0 and msg.id == PERCEIVED_MESH:
+            raise RejectedInput(f"mesh id '{PERCEIVED_MESH}' is the fused depth frames' while cameras or a lidar "
+                                "are on; give the obstacle another id")
         if op == "ADD":
             return apply_add(world, msg.id, env, msg, self.config, self._pose_in_world(msg.header, msg.pose))
         if op == "REMOVE":
