@@ -58,6 +58,6 @@ t=$(budget tests "${TESTS_S:-200}") && timeout "$t" "$py" -m pytest -q -rfEs -p 
 echo "tests: exit $? - $(tail -n 1 "$out/tests.txt")"
 # shellcheck disable=SC2086  # BENCH_ARGS holds separate words
 t=$(budget bench "${BENCH_S:-240}") && timeout "$t" "$py" -m bench --only core --device "${DEVICE:-cuda}" ${BENCH_ARGS:-} \
-  --tables "${TABLES:-call_overhead,standard_table,mppi_batch,swept_table,real_mesh_table,triangle_scaling,kernel_sets}" \
+  --tables "${TABLES:-call_overhead,standard_table,mppi_batch,swept_table,real_mesh_table,triangle_scaling,kernel_sets,perception_fusion}" \
   > "$out/bench.md" 2> "$out/bench.err"
 echo "bench: exit $? - $(grep -c '^|' "$out/bench.md") table rows in $out/bench.md"
