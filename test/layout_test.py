@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "robot_sdf"
 # The kernels package, in its dependency order: a module imports only modules before it.
 KERNEL_MODULES = ("robot_sdf.kernels.warp_release", "robot_sdf.kernels.sign_data", "robot_sdf.kernels.closest_point",
-                  "robot_sdf.kernels.portable", "robot_sdf.kernels.native", "robot_sdf.kernels.mesh_queries",
+                  "robot_sdf.kernels.portable", "robot_sdf.kernels.native", "robot_sdf.kernels.native_winding",
+                  "robot_sdf.kernels.mesh_queries",
                   "robot_sdf.kernels.winding", "robot_sdf.kernels.signed_distance", "robot_sdf.kernels.slot_walk",
                   "robot_sdf.kernels.plain_cost", "robot_sdf.kernels.swept_slot", "robot_sdf.kernels.swept",
                   "robot_sdf.kernels.hessian")

@@ -19,7 +19,7 @@ import kernel_outputs
 import reference as ref
 from mesh_corpus import open_bowl
 from native_test import _sliver_ellipsoid, _triangle_distances, crinkled_fans, folded_open_surfaces, slot_hits_case
-from robot_sdf.kernels import native, portable
+from robot_sdf.kernels import native, native_winding, portable
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -205,7 +205,7 @@ def _winding_numbers_kernel(mesh: wp.uint64, start: wp.array(dtype=wp.vec3), dir
     i = wp.tid()
     d = direction[i]
     a = portable.mesh_winding_numbers(mesh, start[i], d, 0.125, 5, -d, 0.25, 3, 0.125, 2.0, lanes[i])
-    b = native.mesh_winding_numbers(mesh, start[i], d, 0.125, 5, -d, 0.25, 3, 0.125, 2.0, lanes[i])
+    b = native_winding.mesh_winding_numbers(mesh, start[i], d, 0.125, 5, -d, 0.25, 3, 0.125, 2.0, lanes[i])
     for j in range(16):
         ours[i, j] = a[j]
         natives[i, j] = b[j]

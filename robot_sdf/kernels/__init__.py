@@ -5,6 +5,7 @@
     closest_point    exact closest point on a mesh (float64 on the triangle found), pseudo-normals
     portable         the functions below in pure Warp, for a Warp native was not checked against
     native           the same functions in C++ (func_native), on the Warp releases it was checked on
+    native_winding   native's shared winding-number traversal of a swept step's points
     mesh_queries     the one of the two sets the kernels use, chosen at import (ROBOT_SDF_KERNELS)
     winding          winding-number inside tests and the bounds that spare evaluating them
     signed_distance  signed distance to one mesh: the search, the sign regime, deep points

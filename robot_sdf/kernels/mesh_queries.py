@@ -24,8 +24,9 @@ if NATIVE:
     from robot_sdf.kernels.native import (CPU_SPHERES_PER_THREAD, SLOT_HITS, SWEPT_BATCH, SWEPT_SIDE_BATCH,
                                           THIN_ASPECT, face_of, mesh_average_edge_length, mesh_box_beyond,
                                           mesh_closest_face, mesh_closest_points, mesh_supports_winding,
-                                          mesh_winding_numbers, slot_bvh_hits, slot_hits_t, spheres_per_thread,
-                                          vec16, warp_inside, winding_number)
+                                          slot_bvh_hits, slot_hits_t, spheres_per_thread, vec16, warp_inside,
+                                          winding_number)
+    from robot_sdf.kernels.native_winding import mesh_winding_numbers
 else:
     from robot_sdf.kernels.portable import (CPU_SPHERES_PER_THREAD, SLOT_HITS, SWEPT_BATCH, SWEPT_SIDE_BATCH,
                                             THIN_ASPECT, face_of, mesh_average_edge_length, mesh_box_beyond,

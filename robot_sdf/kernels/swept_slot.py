@@ -1,21 +1,14 @@
-"""One mesh's share of a swept step's cost (docs/design.md "Swept cost"), in the mesh frame.
-
-A step's samples lie on the segments from its centre p towards the neighbouring steps; per mesh a
-sample is skipped where its cost is provably 0 (within the clearance of an evaluated point of its
-side: the distance to one mesh is 1-Lipschitz). Two variants, chosen per mesh by the kernel
-(swept.swept_sphere_cost_kernel, open_swept_sign):
-
-- swept_slot_cost: closed surfaces with robot_sdf's sign data search p and the samples in shared
-  BVH traversals (native.mesh_closest_points); other meshes, and stationary steps, search sample
-  after sample.
-- open_swept_slot_cost: moving steps on meshes whose sign is not a closed surface's (open
-  surfaces, the winding number of an open surface, meshes built elsewhere under Warp's normal
-  sign), where a point free of the surface may still be inside and no clearance frees a sample:
-  every sample takes the plain query, with p and the samples searched in shared traversals and
-  their winding numbers evaluated in shared traversals too, except where the rim shortcut
-  (winding.rim_settled_lanes) gives a sample the verdict of p.
-
-p and the segments to the neighbours (m) are rotated and translated by the slot's pose.
+"""One mesh's share of a swept step's cost (docs/design.md "Swept cost"), in the mesh frame (p and
+the segments to the neighbouring steps (m) moved by the slot's pose). A sample is skipped where
+its cost is provably 0 (within the clearance of an evaluated point of its side: the distance to
+one mesh is 1-Lipschitz). Two variants, chosen per mesh by swept.swept_step_cost (open_swept_sign):
+swept_slot_cost, where closed surfaces with robot_sdf's sign data search p and the samples in
+shared BVH traversals (native.mesh_closest_points) and other meshes and stationary steps search
+sample after sample; and open_swept_slot_cost, for moving steps on meshes whose sign is not a
+closed surface's (open surfaces, an open surface's winding number, meshes built elsewhere under
+Warp's normal sign), where no clearance frees a sample: every sample takes the plain query, in
+shared traversals, the winding numbers too unless the rim shortcut (winding.rim_settled_lanes)
+gives a sample p's verdict.
 """
 from __future__ import annotations
 
@@ -133,17 +126,12 @@ def swept_regime(mesh: wp.uint64, sign_method: int, seg_prev: wp.vec3, seg_next:
                  has_next: int):
     """How swept_slot_cost evaluates a mesh: (its sign data offset, whether its sign is a closed
     surface's, whether a closed winding-number surface, whether p and the samples share
-    traversals).
-
-    Only the sign of a closed surface changes where the surface is crossed: elsewhere (open
-    surfaces; the winding number of an open surface, which passes 0.5 off the surface) a point
-    free of the surface may still be inside, so the clearance of a point frees no sample, and p
-    and every sample take the plain query (max_dist + r + eta), which makes the step's cost the
-    mean of the plain costs at its samples, as defined. (The kernel hands moving steps on such
-    meshes to open_swept_slot_cost where the sign lets their points share traversals.) A closed
-    winding-number surface (several, overlapping or nested shells: the box bounds its inside)
-    shares the traversal too; the winding number at each point found gives the sign. A
-    stationary step keeps the plain query of p, so that it reproduces the plain cost bit for bit."""
+    traversals). Only a closed surface's sign changes only where the surface is crossed:
+    elsewhere a point free of the surface may still be inside, so no clearance frees a sample and
+    every sample takes the plain query (max_dist + r + eta): the step's cost is the mean of the
+    plain costs at its samples, as defined. A closed winding-number surface (overlapping or nested
+    shells: the box bounds its inside) shares the traversals, each point found signed by its
+    winding number. A stationary step keeps p's plain query: the plain cost bit for bit."""
     data, method = mesh_sign_method(mesh, sign_method)
     sign_closed = sign_is_closed(mesh, data)
     winding = method == SIGN_WINDING_NUMBER and data >= 0 and sign_closed
@@ -247,15 +235,11 @@ SIDE_TRAVERSAL = wp.constant(2)  # one of this side's samples from here on
 @wp.func
 def batched_face(batches: SweptBatches, side: int, k: int, has_prev: int, p_inside: bool, last_inside: bool):
     """(face, traversal) of sample k of a side on swept_slot_cost's batched path: the closest
-    triangle the traversal that covers it found (-1 for none), and the traversal it still needs.
-
-    Where a sample was not searched beyond r + eta (only by the first traversal, or by none) and
-    that found nothing, one more: the deep one where p (``p_inside``) and the side's last point
-    evaluated (``last_inside``) are inside, once per step (this side's samples from here on, and
-    the other side's where its first found nothing either), or this side's samples from here on
-    (beyond the first traversal, or p inside once the deep one is spent). Where p is inside,
-    their samples are searched within the Lipschitz bound from p (found for sure), else within
-    r + eta or that bound, whichever is nearer."""
+    triangle the traversal that covers it found (-1 for none), and the traversal it still needs:
+    where a sample searched within r + eta at most found nothing, the deep one if p (``p_inside``)
+    and the side's last point evaluated (``last_inside``) are inside, once per step (this side's
+    samples on, and the other's its first missed), else this side's samples on; inside p they are searched
+    within the Lipschitz bound from p (found for sure), else within r + eta or that bound."""
     n_first = batches.n_first
     covered = k >= batches.side_start and k < batches.side_end
     in_deep = (side == 0 and k >= batches.deep_lo0 and k < batches.deep_hi0) or (
