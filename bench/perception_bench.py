@@ -70,16 +70,23 @@ def _truth(parts, device="cpu"):
     return world
 
 
-def accuracy(b, frames) -> list[list[str]]:
+def fused_world(b, frames, max_distance: float):
+    """(a MeshWorld holding the fusion of ``frames`` at 2 cm voxels, its DepthFusion)."""
     from robot_sdf import MeshWorld
     from robot_sdf.perception import DepthFusion
 
-    parts, lower, upper = scene()
-    world = MeshWorld(device=b.device, max_distance=1.0)
+    _, lower, upper = scene()
+    world = MeshWorld(device=b.device, max_distance=max_distance)
     fusion = DepthFusion(world, lower, upper, voxel_size=0.02)
     for depth, intrinsics, pose in frames:
         fusion.integrate(depth, intrinsics, pose)
     fusion.update_world()
+    return world, fusion
+
+
+def accuracy(b, frames) -> list[list[str]]:
+    parts, lower, upper = scene()
+    world, _ = fused_world(b, frames, 1.0)
     rng = np.random.default_rng(2)
     points = rng.uniform(lower + 0.05, upper - 0.05, size=(20_000 if b.quick else 100_000, 3))
     truth = _truth(parts, b.device).signed_distance(torch.tensor(points, dtype=torch.float32), 0, 1.0)[0]
@@ -103,15 +110,10 @@ def query_rows(b, frames) -> list[list[str]]:
     import time
 
     from robot_sdf import MeshWorld
-    from robot_sdf.perception import DepthFusion
     from robot_sdf.perception.fusion import PERCEIVED_MESH
 
     _, lower, upper = scene()
-    perceived = MeshWorld(device=b.device, max_distance=0.2)
-    fusion = DepthFusion(perceived, lower, upper, voxel_size=0.02)
-    for depth, intrinsics, pose in frames:
-        fusion.integrate(depth, intrinsics, pose)
-    fusion.update_world()
+    perceived, fusion = fused_world(b, frames, 0.2)
     given = MeshWorld(device=b.device, max_distance=0.2)
     vertices, triangles, pose, _ = perceived.mesh_geometry(PERCEIVED_MESH)
     given.add_mesh("given", vertices, triangles, pose)
